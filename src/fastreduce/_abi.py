@@ -1,0 +1,60 @@
+"""Check that fastreduce and mpi4py talk to the same MPI library."""
+
+from __future__ import annotations
+
+_MPICH_FAMILY_MARKERS = ("MPICH", "Intel(R) MPI", "MVAPICH", "CRAY MPICH")
+
+
+def mpi_family(library_version: str) -> str:
+    """ABI family ("Open MPI", "MPICH" or "unknown") of an MPI_Get_library_version string."""
+    if "Open MPI" in library_version:
+        return "Open MPI"
+    if any(marker in library_version for marker in _MPICH_FAMILY_MARKERS):
+        return "MPICH"
+    return "unknown"
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "(empty)"
+
+
+def mismatch(build: tuple[str, str], linked: str, loaded: str) -> str | None:
+    """Why fastreduce cannot use the MPI that mpi4py loaded, or None when it can.
+
+    `build`: (family, version) of the headers fastreduce was compiled with;
+    `linked`: the library version fastreduce's own libmpi reports;
+    `loaded`: the library version mpi4py reports.
+    """
+    family, version = build
+    loaded_family = mpi_family(loaded)
+    rebuild = (
+        "Rebuild fastreduce against the MPI that mpi4py loads: put that MPI's mpicc first "
+        "on PATH (or set MPICC) and run `pip install --no-build-isolation --force-reinstall "
+        "--no-deps .` in the fastreduce source tree; or make mpi4py load the MPI fastreduce "
+        "was built with (mpi4py's MPI4PY_LIBMPI setting)."
+    )
+    if family != "unknown" and loaded_family != "unknown" and family != loaded_family:
+        return (
+            f"fastreduce was built against {version} ({family} ABI) but mpi4py loaded "
+            f"{first_line(loaded)} ({loaded_family} ABI); their handles are incompatible. "
+            + rebuild
+        )
+    if linked.strip() != loaded.strip():
+        return (
+            f"two MPI libraries are loaded in this process: fastreduce calls "
+            f"{first_line(linked)} while mpi4py calls {first_line(loaded)}. " + rebuild
+        )
+    return None
+
+
+def check() -> None:
+    """Raise ImportError when fastreduce's MPI is not the one mpi4py has loaded."""
+    from mpi4py import MPI
+
+    from . import _errors
+
+    problem = mismatch(
+        _errors.build_mpi(), _errors.linked_library_version(), MPI.Get_library_version()
+    )
+    if problem is not None:
+        raise ImportError("fastreduce: " + problem)

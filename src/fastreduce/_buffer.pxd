@@ -1,0 +1,20 @@
+# A tensor's memory as fastreduce hands it to MPI, read through DLPack.
+
+from libc.stdint cimport int32_t, int64_t
+
+from ._dlpack cimport DLDataType, DLPackExchangeAPI
+
+ctypedef struct BufferView:
+    char* data                    # first element (DLPack data + byte_offset)
+    int64_t count                 # number of elements
+    int kind                      # _dtypes.Kind
+    DLDataType dtype
+    int32_t ndim
+    const int64_t* shape          # borrowed: valid while the object (or owner) lives
+    int32_t device_type
+    int32_t device_id
+    const DLPackExchangeAPI* api  # the C exchange API of the object's type, or NULL
+
+cdef object acquire(object obj, BufferView* view, bint writable, str role)
+cdef object new_like(object obj, BufferView* view, BufferView* out)
+cdef int check_same_layout(BufferView* x, BufferView* out) except -1

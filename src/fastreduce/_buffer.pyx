@@ -1,0 +1,232 @@
+"""Tensor memory through DLPack: the C exchange API first, `__dlpack__()` otherwise."""
+
+import sys
+
+from cpython.object cimport PyTypeObject
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from cpython.ref cimport Py_DECREF
+from libc.stdint cimport int64_t, uint64_t
+
+from ._dlpack cimport (
+    DLPACK_FLAG_BITMASK_IS_COPIED, DLPACK_FLAG_BITMASK_READ_ONLY, DLManagedTensor,
+    DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor, kDLCPU, kDLCUDA, kDLCUDAHost,
+    kDLCUDAManaged, kDLROCM, kDLROCMHost,
+)
+from ._dtypes cimport kind_from_dlpack
+
+cdef extern from "Python.h":
+    PyTypeObject* Py_TYPE(object)
+
+# The exchange API of each type seen so far (0: none). The dict holds the types,
+# so the one-entry cache's raw type pointer cannot dangle.
+cdef dict _api_by_type = {}
+cdef PyTypeObject* _last_type = NULL
+cdef const DLPackExchangeAPI* _last_api = NULL
+cdef dict _empty_like_by_type = {}
+
+cdef dict _DEVICE_NAMES = {
+    kDLCUDA: "cuda", kDLCUDAManaged: "cuda (managed)", kDLROCM: "rocm",
+}
+
+
+cdef const DLPackExchangeAPI* _lookup_api(object tp) except? NULL:
+    cached = _api_by_type.get(tp)
+    if cached is None:
+        cached = 0
+        capsule = getattr(tp, "__dlpack_c_exchange_api__", None)
+        if capsule is not None and PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
+            api = <const DLPackExchangeAPI*>PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
+            if api.header.version.major == 1 and api.dltensor_from_py_object_no_sync != NULL:
+                cached = <size_t>api
+        _api_by_type[tp] = cached
+    return <const DLPackExchangeAPI*><size_t>cached
+
+
+def _uses_exchange_api(obj) -> bool:
+    """Whether fastreduce reads `obj` through the DLPack C exchange API (the fast path)."""
+    return _lookup_api(type(obj)) != NULL
+
+
+cdef object acquire(object obj, BufferView* view, bint writable, str role):
+    """Fill `view` from any DLPack producer; returns what must stay alive while it is used."""
+    global _last_type, _last_api
+    cdef DLTensor dl
+    cdef PyTypeObject* tp = Py_TYPE(obj)
+    if tp != _last_type:
+        _last_api = _lookup_api(<object>tp)
+        _last_type = tp
+    cdef const DLPackExchangeAPI* api = _last_api
+    if api != NULL:
+        api.dltensor_from_py_object_no_sync(<void*>obj, &dl)
+        _fill_view(&dl, view, 0, writable, role)
+        view.api = api
+        return None
+    return _acquire_from_capsule(obj, view, writable, role)
+
+
+cdef object _acquire_from_capsule(object obj, BufferView* view, bint writable, str role):
+    try:
+        export = obj.__dlpack__
+    except AttributeError:
+        raise TypeError(
+            f"fastreduce: {role} of type {type(obj).__module__}.{type(obj).__qualname__} does "
+            f"not support DLPack (no __dlpack__ method); pass a torch tensor, a numpy array "
+            f"or another DLPack producer") from None
+    try:
+        capsule = export(max_version=(1, 3))
+    except TypeError:
+        capsule = export()  # a producer older than DLPack 1.0
+    cdef DLManagedTensorVersioned* versioned
+    cdef DLManagedTensor* legacy
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        versioned = <DLManagedTensorVersioned*>PyCapsule_GetPointer(
+            capsule, b"dltensor_versioned")
+        if versioned.version.major != 1:
+            raise BufferError(
+                f"fastreduce: {role} was exported with DLPack {versioned.version.major}."
+                f"{versioned.version.minor}; this fastreduce reads DLPack 1.x")
+        _fill_view(&versioned.dl_tensor, view, versioned.flags, writable, role)
+    elif PyCapsule_IsValid(capsule, b"dltensor"):
+        legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+        _fill_view(&legacy.dl_tensor, view, 0, writable, role)
+    else:
+        raise TypeError(
+            f"fastreduce: {role}.__dlpack__() returned {type(capsule).__name__}, "
+            f"not an unconsumed DLPack capsule")
+    view.api = NULL
+    # The capsule still carries its name, so when it is released its destructor
+    # calls the producer's deleter, as the DLPack protocol prescribes.
+    return capsule
+
+
+cdef int _fill_view(const DLTensor* dl, BufferView* view, uint64_t flags, bint writable,
+                    str role) except -1:
+    cdef int kind = kind_from_dlpack(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes)
+    if kind < 0:
+        raise TypeError(f"fastreduce: {role} has dtype {_dtype_name(dl)}, which fastreduce "
+                        f"does not reduce; convert it (e.g. .to(torch.float32))")
+    cdef int device = dl.device.device_type
+    if device != kDLCPU and device != kDLCUDAHost and device != kDLROCMHost:
+        name = _DEVICE_NAMES.get(device, f"DLPack device type {device}")
+        raise TypeError(
+            f"fastreduce: {role} lives on {name}:{dl.device.device_id}; this build reduces "
+            f"host memory only: move it with .cpu() (or .to('cpu')) first")
+    cdef int64_t expected = 1
+    cdef bint contiguous = True
+    cdef int i
+    for i in range(dl.ndim - 1, -1, -1):
+        # size-1 dimensions may carry any stride; NULL strides mean row-major
+        if dl.strides != NULL and dl.shape[i] != 1 and dl.strides[i] != expected:
+            contiguous = False
+        expected *= dl.shape[i]
+    if not contiguous and expected != 0:
+        raise BufferError(
+            f"fastreduce: {role} is not contiguous (shape {_shape(dl)}, strides "
+            f"{[dl.strides[i] for i in range(dl.ndim)]}); call .contiguous() "
+            f"(numpy: np.ascontiguousarray) first")
+    if writable and flags & DLPACK_FLAG_BITMASK_READ_ONLY:
+        raise BufferError(f"fastreduce: {role} is read-only; pass a writable array "
+                          f"(numpy: a copy, or arr.flags.writeable = True where allowed)")
+    if writable and flags & DLPACK_FLAG_BITMASK_IS_COPIED:
+        raise BufferError(f"fastreduce: {role} was exported as a copy, so results written "
+                          f"to it would be lost; pass a tensor whose memory can be shared")
+    view.data = <char*>dl.data + dl.byte_offset
+    view.count = expected
+    view.kind = kind
+    view.dtype = dl.dtype
+    view.ndim = dl.ndim
+    view.shape = dl.shape
+    view.device_type = dl.device.device_type
+    view.device_id = dl.device.device_id
+    return 0
+
+
+cdef str _dtype_name(const DLTensor* dl):
+    names = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
+    name = f"{names.get(dl.dtype.code, f'code{dl.dtype.code}_')}{dl.dtype.bits}"
+    return name if dl.dtype.lanes == 1 else f"{name}x{dl.dtype.lanes}"
+
+
+cdef list _shape(const DLTensor* dl):
+    return [dl.shape[i] for i in range(dl.ndim)]
+
+
+cdef void _collect_error(void* ctx, const char* kind, const char* message) noexcept with gil:
+    (<list>ctx).append(f"{kind.decode(errors='replace')}: {message.decode(errors='replace')}")
+
+
+cdef object new_like(object obj, BufferView* view, BufferView* out):
+    """A new, uninitialised object of obj's type, dtype, device and shape; fills `out`."""
+    cdef const DLPackExchangeAPI* api = view.api
+    cdef DLTensor proto
+    cdef DLManagedTensorVersioned* managed = NULL
+    cdef void* result = NULL
+    if (api != NULL and api.managed_tensor_allocator != NULL
+            and api.managed_tensor_to_py_object_no_sync != NULL):
+        proto.data = NULL
+        proto.device.device_type = view.device_type
+        proto.device.device_id = view.device_id
+        proto.ndim = view.ndim
+        proto.dtype = view.dtype
+        proto.shape = <int64_t*>view.shape
+        proto.strides = NULL
+        proto.byte_offset = 0
+        errors = []
+        if api.managed_tensor_allocator(&proto, &managed, <void*>errors, _collect_error) != 0 \
+                or managed == NULL:
+            raise MemoryError(f"fastreduce: could not allocate the result: {'; '.join(errors)}")
+        out.data = <char*>managed.dl_tensor.data + managed.dl_tensor.byte_offset
+        out.count = view.count
+        out.kind = view.kind
+        out.dtype = view.dtype
+        out.ndim = view.ndim
+        out.shape = view.shape  # same shape; the new tensor's own pointer is not needed
+        out.device_type = view.device_type
+        out.device_id = view.device_id
+        out.api = api
+        api.managed_tensor_to_py_object_no_sync(managed, &result)  # steals `managed`
+        new = <object>result
+        Py_DECREF(new)  # <object> took a second reference to the new tensor
+        return new
+    empty_like = _empty_like_by_type.get(type(obj))
+    if empty_like is None:
+        module = sys.modules.get(type(obj).__module__.partition(".")[0])
+        empty_like = getattr(module, "empty_like", None)
+        if empty_like is None:
+            raise TypeError(
+                f"fastreduce: cannot allocate a result of type {type(obj).__qualname__}; "
+                f"pass out= or use the in-place allreduce_")
+        _empty_like_by_type[type(obj)] = empty_like
+    new = empty_like(obj)
+    # `new` owns its memory (a copying export is refused for writing), so the
+    # export capsule need not outlive this call.
+    acquire(new, out, True, "the result")
+    check_same_layout(view, out)
+    return new
+
+
+cdef int check_same_layout(BufferView* x, BufferView* out) except -1:
+    """Raise unless `out` can hold a result for `x`: same dtype, shape and device."""
+    if out.kind != x.kind or out.dtype.bits != x.dtype.bits:
+        raise ValueError(f"fastreduce: out has dtype {_view_dtype(out)} but x has "
+                         f"{_view_dtype(x)}; pass an out of the same dtype")
+    cdef bint same_shape = out.ndim == x.ndim
+    cdef int i
+    if same_shape:
+        for i in range(x.ndim):
+            if out.shape[i] != x.shape[i]:
+                same_shape = False
+    if not same_shape:
+        raise ValueError(
+            f"fastreduce: out has shape {[out.shape[i] for i in range(out.ndim)]} but x has "
+            f"{[x.shape[i] for i in range(x.ndim)]}; pass an out of the same shape")
+    if out.device_type != x.device_type or out.device_id != x.device_id:
+        raise ValueError(
+            f"fastreduce: out is on device ({out.device_type}, {out.device_id}) but x is on "
+            f"({x.device_type}, {x.device_id}); pass an out on x's device")
+    return 0
+
+
+cdef str _view_dtype(BufferView* v):
+    from ._ops import KIND_NAMES
+    return KIND_NAMES[v.kind]

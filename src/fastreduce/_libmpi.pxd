@@ -1,0 +1,71 @@
+# The part of the MPI C API fastreduce calls, declared nogil (as in mpi4py's
+# libmpi.pxd), plus the compatibility layer of _mpicompat.h.
+
+cdef extern from "_mpicompat.h" nogil:
+    ctypedef long long MPI_Count
+    ctypedef struct _mpi_comm_t
+    ctypedef _mpi_comm_t* MPI_Comm
+    ctypedef struct _mpi_datatype_t
+    ctypedef _mpi_datatype_t* MPI_Datatype
+    ctypedef struct _mpi_op_t
+    ctypedef _mpi_op_t* MPI_Op
+    ctypedef struct _mpi_errhandler_t
+    ctypedef _mpi_errhandler_t* MPI_Errhandler
+
+    ctypedef void MPI_User_function(void*, void*, int*, MPI_Datatype*) noexcept
+
+    enum: MPI_SUCCESS
+    enum: MPI_ERR_COUNT
+    enum: MPI_ERR_OTHER
+    enum: MPI_MAX_LIBRARY_VERSION_STRING
+
+    void* MPI_IN_PLACE
+    MPI_Comm MPI_COMM_NULL
+    MPI_Errhandler MPI_ERRORS_RETURN
+
+    MPI_Datatype MPI_DATATYPE_NULL
+    MPI_Datatype MPI_C_BOOL
+    MPI_Datatype MPI_INT8_T
+    MPI_Datatype MPI_INT16_T
+    MPI_Datatype MPI_INT32_T
+    MPI_Datatype MPI_INT64_T
+    MPI_Datatype MPI_UINT8_T
+    MPI_Datatype MPI_UINT16_T
+    MPI_Datatype MPI_UINT32_T
+    MPI_Datatype MPI_UINT64_T
+    MPI_Datatype MPI_FLOAT
+    MPI_Datatype MPI_DOUBLE
+    MPI_Datatype MPI_C_FLOAT_COMPLEX
+    MPI_Datatype MPI_C_DOUBLE_COMPLEX
+
+    MPI_Op MPI_OP_NULL
+    MPI_Op MPI_SUM
+    MPI_Op MPI_PROD
+    MPI_Op MPI_MIN
+    MPI_Op MPI_MAX
+    MPI_Op MPI_BAND
+    MPI_Op MPI_BOR
+    MPI_Op MPI_BXOR
+    MPI_Op MPI_LAND
+    MPI_Op MPI_LOR
+    MPI_Op MPI_LXOR
+
+    int MPI_Initialized(int*)
+    int MPI_Finalized(int*)
+    int MPI_Get_library_version(char*, int*)
+    int MPI_Comm_size(MPI_Comm, int*)
+    int MPI_Comm_rank(MPI_Comm, int*)
+    int MPI_Comm_test_inter(MPI_Comm, int*)
+    int MPI_Comm_set_errhandler(MPI_Comm, MPI_Errhandler)
+    int MPI_Op_create(MPI_User_function*, int, MPI_Op*)
+    int MPI_Op_free(MPI_Op*)
+    int MPI_Reduce_local(const void*, void*, int, MPI_Datatype, MPI_Op)
+    int MPI_Allreduce(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm)
+
+    # _mpicompat.h
+    enum: FASTREDUCE_HAVE_LARGE_COUNT
+    const char* FR_MPI_FAMILY
+    const char* FR_MPI_BUILD_VERSION
+    MPI_Datatype FR_MPIX_FLOAT16
+    MPI_Datatype FR_MPIX_BFLOAT16
+    int fr_allreduce_large(const void*, void*, MPI_Count, MPI_Datatype, MPI_Op, MPI_Comm)

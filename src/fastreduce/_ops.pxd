@@ -1,0 +1,25 @@
+# Reduction operations: names to codes, and (element kind, op) to the MPI
+# datatype and MPI_Op that carry it out.
+
+from ._libmpi cimport MPI_Datatype, MPI_Op
+
+cdef enum OpCode:
+    OP_SUM
+    OP_PROD
+    OP_MIN
+    OP_MAX
+    OP_AVG
+    OP_BAND
+    OP_BOR
+    OP_BXOR
+    NOPS
+
+ctypedef struct Reduction:
+    MPI_Datatype datatype
+    MPI_Op op
+    int itemsize
+    int divide_kind   # FR_SCALE_* of _halfops.h for op "avg", else -1
+    bint predefined   # MPI's own op: usable with the large-count call
+
+cdef int op_code(object op) except -1
+cdef int get_reduction(int kind, int op, Reduction* out) except -1

@@ -1,0 +1,250 @@
+"""Reduction operations and the MPI datatypes that carry each element kind."""
+
+from mpi4py cimport MPI
+
+from ._dtypes cimport (
+    KIND_BFLOAT16, KIND_BOOL, KIND_COMPLEX64, KIND_COMPLEX128, KIND_FLOAT16, KIND_FLOAT32,
+    KIND_FLOAT64, KIND_INT8, KIND_INT16, KIND_INT32, KIND_INT64, KIND_UINT8, KIND_UINT16,
+    KIND_UINT32, KIND_UINT64, NKINDS,
+)
+from ._errors cimport CHKERR
+from ._libmpi cimport *
+
+from libc.stdint cimport uint16_t
+
+cdef extern from "_halfops.h" nogil:
+    MPI_User_function fr_f16_sum
+    MPI_User_function fr_f16_prod
+    MPI_User_function fr_f16_min
+    MPI_User_function fr_f16_max
+    MPI_User_function fr_bf16_sum
+    MPI_User_function fr_bf16_prod
+    MPI_User_function fr_bf16_min
+    MPI_User_function fr_bf16_max
+    uint16_t fr_f32_to_f16(float)
+    uint16_t fr_f32_to_bf16(float)
+    float fr_f16_to_f32(uint16_t)
+    float fr_bf16_to_f32(uint16_t)
+    enum:
+        FR_SCALE_F16
+        FR_SCALE_BF16
+        FR_SCALE_F32
+        FR_SCALE_F64
+        FR_SCALE_C64
+        FR_SCALE_C128
+
+
+OP_NAMES = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+KIND_NAMES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+)
+cdef dict _op_by_name = {name: code for code, name in enumerate(OP_NAMES)}
+cdef str _SUM = "sum"
+
+cdef MPI_Datatype _datatype[NKINDS]
+cdef int _itemsize[NKINDS]
+cdef MPI_Op _mpi_op[NKINDS][NOPS]      # MPI_OP_NULL: op not defined for the kind
+cdef int _divide_kind[NKINDS]          # -1: "avg" not defined for the kind
+cdef bint _predefined_op[NKINDS]
+cdef dict _half_paths = {}
+
+
+cdef int op_code(object op) except -1:
+    """OpCode of a name ("sum", ...) or an mpi4py predefined MPI.Op."""
+    if op is _SUM:
+        return OP_SUM
+    if isinstance(op, str):
+        code = _op_by_name.get(op)
+        if code is None:
+            code = _op_by_name.get(op.lower())
+        if code is None:
+            raise ValueError(
+                f"fastreduce: unknown reduction op {op!r}; use one of {', '.join(OP_NAMES)}")
+        return code
+    if isinstance(op, MPI.Op):
+        return _op_code_from_mpi(<MPI_Op>(<MPI.Op>op).ob_mpi)
+    raise TypeError(
+        f"fastreduce: op must be a name ({', '.join(OP_NAMES)}) or a predefined mpi4py "
+        f"MPI.Op, not {type(op).__name__}")
+
+
+cdef int _op_code_from_mpi(MPI_Op h) except -1:
+    if h == MPI_SUM:
+        return OP_SUM
+    if h == MPI_PROD:
+        return OP_PROD
+    if h == MPI_MIN:
+        return OP_MIN
+    if h == MPI_MAX:
+        return OP_MAX
+    if h == MPI_BAND or h == MPI_LAND:
+        return OP_BAND
+    if h == MPI_BOR or h == MPI_LOR:
+        return OP_BOR
+    if h == MPI_BXOR or h == MPI_LXOR:
+        return OP_BXOR
+    raise ValueError(
+        "fastreduce: only the predefined MPI.SUM, PROD, MIN, MAX, BAND, BOR, BXOR (and the "
+        "logical LAND, LOR, LXOR) are supported as MPI.Op; for an average use op='avg'")
+
+
+cdef int get_reduction(int kind, int op, Reduction* out) except -1:
+    """Fill `out` with how to reduce elements of `kind` with `op`, or raise ValueError."""
+    cdef int reduce_as = OP_SUM if op == OP_AVG else op
+    if op == OP_AVG and _divide_kind[kind] < 0:
+        raise ValueError(
+            f"fastreduce: op 'avg' is defined for floating and complex dtypes, not "
+            f"{KIND_NAMES[kind]}; use op='sum' and divide, or convert to a floating dtype")
+    if _mpi_op[kind][reduce_as] == MPI_OP_NULL:
+        raise ValueError(_undefined_message(kind, op))
+    out.datatype = _datatype[kind]
+    out.op = _mpi_op[kind][reduce_as]
+    out.itemsize = _itemsize[kind]
+    out.divide_kind = _divide_kind[kind] if op == OP_AVG else -1
+    out.predefined = _predefined_op[kind]
+    return 0
+
+
+def _undefined_message(int kind, int op) -> str:
+    name, opname = KIND_NAMES[kind], OP_NAMES[op]
+    if kind == KIND_BOOL:
+        hint = "bool supports band, bor, bxor (logical and/or/xor), min and max"
+    elif kind in (KIND_COMPLEX64, KIND_COMPLEX128):
+        hint = "complex dtypes support sum, prod and avg"
+    elif opname in ("band", "bor", "bxor"):
+        hint = "bitwise ops are defined for integer and bool dtypes"
+    else:
+        hint = "convert the tensor to a dtype that supports it"
+    return f"fastreduce: op {opname!r} is not defined for dtype {name}; {hint}"
+
+
+def supports(str dtype, str op) -> bool:
+    """Whether allreduce defines `op` for elements of `dtype` (names as in KIND_NAMES)."""
+    cdef Reduction r
+    try:
+        get_reduction(KIND_NAMES.index(dtype), op_code(op), &r)
+    except ValueError:
+        return False
+    return True
+
+
+def half_precision_paths() -> dict:
+    """How float16 and bfloat16 are reduced: the MPI's own datatype or fastreduce's op."""
+    return dict(_half_paths)
+
+
+cdef void _set_kind(int kind, MPI_Datatype datatype, int itemsize, int divide_kind,
+                    tuple ops) noexcept:
+    _datatype[kind] = datatype
+    _itemsize[kind] = itemsize
+    _divide_kind[kind] = divide_kind
+    _predefined_op[kind] = True
+    for code in range(NOPS):
+        _mpi_op[kind][code] = MPI_OP_NULL
+    for code in ops:
+        _mpi_op[kind][code] = _predefined(code)
+
+
+cdef MPI_Op _predefined(int code) noexcept:
+    if code == OP_SUM:
+        return MPI_SUM
+    if code == OP_PROD:
+        return MPI_PROD
+    if code == OP_MIN:
+        return MPI_MIN
+    if code == OP_MAX:
+        return MPI_MAX
+    if code == OP_BAND:
+        return MPI_BAND
+    if code == OP_BOR:
+        return MPI_BOR
+    if code == OP_BXOR:
+        return MPI_BXOR
+    return MPI_OP_NULL
+
+
+cdef bint _mpi_reduces_half(MPI_Datatype datatype, int is_bf16):
+    """Whether MPI's predefined ops work on its own 16-bit float type (asked, not assumed)."""
+    if datatype == MPI_DATATYPE_NULL:
+        return False
+    cdef float a[2]
+    cdef float b[2]
+    cdef uint16_t x[2]
+    cdef uint16_t y[2]
+    a[:] = [1.5, -2.0]
+    b[:] = [0.25, 3.0]
+    cdef MPI_Op ops[4]
+    ops[:] = [MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX]
+    cdef float expected[4][2]
+    expected[:] = [[1.75, 1.0], [0.375, -6.0], [0.25, -2.0], [1.5, 3.0]]
+    cdef int i, j
+    for i in range(4):
+        for j in range(2):
+            x[j] = fr_f32_to_bf16(a[j]) if is_bf16 else fr_f32_to_f16(a[j])
+            y[j] = fr_f32_to_bf16(b[j]) if is_bf16 else fr_f32_to_f16(b[j])
+        if MPI_Reduce_local(x, y, 2, datatype, ops[i]) != MPI_SUCCESS:
+            return False
+        for j in range(2):
+            got = fr_bf16_to_f32(y[j]) if is_bf16 else fr_f16_to_f32(y[j])
+            if got != expected[i][j]:
+                return False
+    return True
+
+
+cdef void _set_half_kind(int kind, MPI_Datatype mpix, str mpix_name, int divide_kind,
+                         MPI_User_function* fsum, MPI_User_function* fprod,
+                         MPI_User_function* fmin, MPI_User_function* fmax) except *:
+    cdef int is_bf16 = kind == KIND_BFLOAT16
+    if _mpi_reduces_half(mpix, is_bf16):
+        _set_kind(kind, mpix, 2, divide_kind, (OP_SUM, OP_PROD, OP_MIN, OP_MAX))
+        _half_paths[KIND_NAMES[kind]] = mpix_name
+        return
+    # No usable 16-bit type in this MPI: a 2-byte integer type carries the bits and
+    # fastreduce's own commutative ops combine them in float32.
+    _set_kind(kind, MPI_UINT16_T, 2, divide_kind, ())
+    _predefined_op[kind] = False
+    cdef MPI_User_function* functions[4]
+    functions[:] = [fsum, fprod, fmin, fmax]
+    cdef int codes[4]
+    codes[:] = [OP_SUM, OP_PROD, OP_MIN, OP_MAX]
+    cdef MPI_Op op = MPI_OP_NULL
+    for i in range(4):
+        CHKERR(MPI_Op_create(functions[i], 1, &op))  # commutative
+        _mpi_op[kind][codes[i]] = op
+    _half_paths[KIND_NAMES[kind]] = "fastreduce user op (float32 arithmetic, round to nearest even)"
+
+
+cdef tuple _INT_OPS = (OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR)
+cdef tuple _FLOAT_OPS = (OP_SUM, OP_PROD, OP_MIN, OP_MAX)
+cdef tuple _COMPLEX_OPS = (OP_SUM, OP_PROD)
+
+
+cdef void _init_tables() except *:
+    _set_kind(KIND_INT8, MPI_INT8_T, 1, -1, _INT_OPS)
+    _set_kind(KIND_INT16, MPI_INT16_T, 2, -1, _INT_OPS)
+    _set_kind(KIND_INT32, MPI_INT32_T, 4, -1, _INT_OPS)
+    _set_kind(KIND_INT64, MPI_INT64_T, 8, -1, _INT_OPS)
+    _set_kind(KIND_UINT8, MPI_UINT8_T, 1, -1, _INT_OPS)
+    _set_kind(KIND_UINT16, MPI_UINT16_T, 2, -1, _INT_OPS)
+    _set_kind(KIND_UINT32, MPI_UINT32_T, 4, -1, _INT_OPS)
+    _set_kind(KIND_UINT64, MPI_UINT64_T, 8, -1, _INT_OPS)
+    _set_kind(KIND_FLOAT32, MPI_FLOAT, 4, FR_SCALE_F32, _FLOAT_OPS)
+    _set_kind(KIND_FLOAT64, MPI_DOUBLE, 8, FR_SCALE_F64, _FLOAT_OPS)
+    _set_kind(KIND_COMPLEX64, MPI_C_FLOAT_COMPLEX, 8, FR_SCALE_C64, _COMPLEX_OPS)
+    _set_kind(KIND_COMPLEX128, MPI_C_DOUBLE_COMPLEX, 16, FR_SCALE_C128, _COMPLEX_OPS)
+    # MPI defines only the logical ops on MPI_C_BOOL; on 0/1 values they are the
+    # bitwise ones, and min/max are and/or.
+    _set_kind(KIND_BOOL, MPI_C_BOOL, 1, -1, ())
+    _mpi_op[<int>KIND_BOOL][<int>OP_BAND] = MPI_LAND
+    _mpi_op[<int>KIND_BOOL][<int>OP_MIN] = MPI_LAND
+    _mpi_op[<int>KIND_BOOL][<int>OP_BOR] = MPI_LOR
+    _mpi_op[<int>KIND_BOOL][<int>OP_MAX] = MPI_LOR
+    _mpi_op[<int>KIND_BOOL][<int>OP_BXOR] = MPI_LXOR
+    _set_half_kind(KIND_FLOAT16, FR_MPIX_FLOAT16, "MPIX_C_FLOAT16", FR_SCALE_F16,
+                   fr_f16_sum, fr_f16_prod, fr_f16_min, fr_f16_max)
+    _set_half_kind(KIND_BFLOAT16, FR_MPIX_BFLOAT16, "MPIX_BFLOAT16", FR_SCALE_BF16,
+                   fr_bf16_sum, fr_bf16_prod, fr_bf16_min, fr_bf16_max)
+
+
+_init_tables()
