@@ -141,9 +141,23 @@ cdef int _fill_view(const DLTensor* dl, BufferView* view, uint64_t flags, bint w
     return 0
 
 
+cdef dict _DLPACK_CODE_NAMES = {
+    0: "int", 1: "uint", 2: "float", 3: "opaque", 4: "bfloat", 5: "complex", 6: "bool",
+}
+# codes whose name says the width (DLPack 1.1+)
+cdef dict _DLPACK_NARROW_FLOATS = {
+    7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz", 10: "float8_e4m3fn",
+    11: "float8_e4m3fnuz", 12: "float8_e5m2", 13: "float8_e5m2fnuz", 14: "float8_e8m0fnu",
+    15: "float6_e2m3fn", 16: "float6_e3m2fn", 17: "float4_e2m1fn",
+}
+
+
 cdef str _dtype_name(const DLTensor* dl):
-    names = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
-    name = f"{names.get(dl.dtype.code, f'code{dl.dtype.code}_')}{dl.dtype.bits}"
+    code = dl.dtype.code
+    if code in _DLPACK_NARROW_FLOATS:
+        name = _DLPACK_NARROW_FLOATS[code]
+    else:
+        name = f"{_DLPACK_CODE_NAMES.get(code, f'<DLPack type code {code}>')}{dl.dtype.bits}"
     return name if dl.dtype.lanes == 1 else f"{name}x{dl.dtype.lanes}"
 
 

