@@ -1,0 +1,29 @@
+"""allreduce / allreduce_ on 1-4 ranks: every dtype x op x shape x mode, torch and numpy."""
+
+import pytest
+from mpirun import run_workers
+
+RANKS = [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize("nprocs", RANKS)
+def test_matrix(nprocs, framework):
+    out = run_workers("allreduce_matrix.py", nprocs, framework)
+    assert f"on {nprocs} ranks, 0 failed" in out
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_over_one_mib(nprocs, framework):
+    out = run_workers("allreduce_matrix.py", nprocs, framework, "--big")
+    assert f"on {nprocs} ranks, 0 failed" in out
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_counts_above_the_int_limit(nprocs, framework):
+    """A lowered limit sends every tensor over 5 elements through MPI_Allreduce_c
+    (MPI-4 large counts) or, where the MPI lacks it, through chunks."""
+    out = run_workers("allreduce_matrix.py", nprocs, framework, "--count-limit", "5")
+    assert f"on {nprocs} ranks, 0 failed" in out
