@@ -11,6 +11,7 @@ from . import _abi
 
 _abi.check()  # before any MPI call through a possibly mismatched library
 
+from ._buffer import result_cache_info, set_result_cache_limit  # noqa: E402
 from ._collectives import HAVE_LARGE_COUNT, allreduce, allreduce_, default_comm  # noqa: E402
 from ._errors import build_mpi  # noqa: E402
 from ._ops import OP_NAMES, half_precision_paths, supports  # noqa: E402
@@ -25,5 +26,7 @@ __all__ = [
     "build_mpi",
     "default_comm",
     "half_precision_paths",
+    "result_cache_info",
+    "set_result_cache_limit",
     "supports",
 ]

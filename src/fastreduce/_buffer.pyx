@@ -6,6 +6,7 @@ from cpython.object cimport PyTypeObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.ref cimport Py_DECREF
 from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport free, malloc
 
 from ._dlpack cimport (
     DLPACK_FLAG_BITMASK_IS_COPIED, DLPACK_FLAG_BITMASK_READ_ONLY, DLManagedTensor,
@@ -16,6 +17,21 @@ from ._dtypes cimport kind_from_dlpack
 
 cdef extern from "Python.h":
     PyTypeObject* Py_TYPE(object)
+
+cdef extern from "_hostpool.h" nogil:
+    enum: FR_POOL_MIN_BYTES
+    void* fr_pool_take(size_t nbytes, size_t* size)
+    void fr_pool_give(void* ptr, size_t size)
+    size_t fr_pool_set_limit(size_t limit)
+    size_t fr_pool_cached
+    size_t fr_pool_limit
+    uint64_t fr_pool_hits
+    uint64_t fr_pool_misses
+
+ctypedef struct PooledTensor:
+    DLManagedTensorVersioned managed  # first: the deleter casts back to PooledTensor
+    size_t block_size
+    # followed by ndim shape and ndim strides (int64_t)
 
 # The exchange API of each type seen so far (0: none). The dict holds the types,
 # so the one-entry cache's raw type pointer cannot dangle.
@@ -169,39 +185,91 @@ cdef void _collect_error(void* ctx, const char* kind, const char* message) noexc
     (<list>ctx).append(f"{kind.decode(errors='replace')}: {message.decode(errors='replace')}")
 
 
+cdef void _give_back_block(DLManagedTensorVersioned* managed) noexcept nogil:
+    cdef PooledTensor* ctx = <PooledTensor*>managed
+    fr_pool_give(managed.dl_tensor.data, ctx.block_size)
+    free(ctx)
+
+
+cdef void _fill_result_view(BufferView* view, BufferView* out, char* data,
+                            const DLPackExchangeAPI* api) noexcept:
+    out[0] = view[0]
+    out.data = data
+    out.api = api
+
+
+cdef object _pooled_result(BufferView* view, const DLPackExchangeAPI* api, BufferView* out):
+    """A new framework tensor over a cached page-aligned block (see _hostpool.h)."""
+    cdef int ndim = view.ndim
+    cdef PooledTensor* ctx = <PooledTensor*>malloc(
+        sizeof(PooledTensor) + 2 * ndim * sizeof(int64_t))
+    if ctx == NULL:
+        raise MemoryError("fastreduce: out of memory for a result descriptor")
+    cdef size_t nbytes = view.count * (view.dtype.bits // 8)
+    cdef void* data = fr_pool_take(nbytes, &ctx.block_size)
+    if data == NULL:
+        free(ctx)
+        raise MemoryError(f"fastreduce: could not allocate a {nbytes}-byte result")
+    cdef int64_t* shape = <int64_t*>(ctx + 1)
+    cdef int64_t* strides = shape + ndim
+    cdef int64_t stride = 1
+    cdef int i
+    for i in range(ndim - 1, -1, -1):
+        shape[i] = view.shape[i]
+        strides[i] = stride
+        stride *= view.shape[i]
+    cdef DLManagedTensorVersioned* managed = &ctx.managed
+    managed.version.major = 1
+    managed.version.minor = 0
+    managed.manager_ctx = ctx
+    managed.deleter = _give_back_block
+    managed.flags = 0
+    managed.dl_tensor.data = data
+    managed.dl_tensor.device.device_type = view.device_type
+    managed.dl_tensor.device.device_id = view.device_id
+    managed.dl_tensor.ndim = ndim
+    managed.dl_tensor.dtype = view.dtype
+    managed.dl_tensor.shape = shape
+    managed.dl_tensor.strides = strides
+    managed.dl_tensor.byte_offset = 0
+    _fill_result_view(view, out, <char*>data, api)
+    cdef void* result = NULL
+    api.managed_tensor_to_py_object_no_sync(managed, &result)  # takes ownership
+    new = <object>result
+    Py_DECREF(new)  # <object> took a second reference
+    return new
+
+
 cdef object new_like(object obj, BufferView* view, BufferView* out):
     """A new, uninitialised object of obj's type, dtype, device and shape; fills `out`."""
     cdef const DLPackExchangeAPI* api = view.api
     cdef DLTensor proto
     cdef DLManagedTensorVersioned* managed = NULL
     cdef void* result = NULL
-    if (api != NULL and api.managed_tensor_allocator != NULL
-            and api.managed_tensor_to_py_object_no_sync != NULL):
-        proto.data = NULL
-        proto.device.device_type = view.device_type
-        proto.device.device_id = view.device_id
-        proto.ndim = view.ndim
-        proto.dtype = view.dtype
-        proto.shape = <int64_t*>view.shape
-        proto.strides = NULL
-        proto.byte_offset = 0
-        errors = []
-        if api.managed_tensor_allocator(&proto, &managed, <void*>errors, _collect_error) != 0 \
-                or managed == NULL:
-            raise MemoryError(f"fastreduce: could not allocate the result: {'; '.join(errors)}")
-        out.data = <char*>managed.dl_tensor.data + managed.dl_tensor.byte_offset
-        out.count = view.count
-        out.kind = view.kind
-        out.dtype = view.dtype
-        out.ndim = view.ndim
-        out.shape = view.shape  # same shape; the new tensor's own pointer is not needed
-        out.device_type = view.device_type
-        out.device_id = view.device_id
-        out.api = api
-        api.managed_tensor_to_py_object_no_sync(managed, &result)  # steals `managed`
-        new = <object>result
-        Py_DECREF(new)  # <object> took a second reference to the new tensor
-        return new
+    if api != NULL and api.managed_tensor_to_py_object_no_sync != NULL:
+        if (view.device_type == kDLCPU
+                and view.count * (view.dtype.bits // 8) >= FR_POOL_MIN_BYTES):
+            return _pooled_result(view, api, out)
+        if api.managed_tensor_allocator != NULL:
+            proto.data = NULL
+            proto.device.device_type = view.device_type
+            proto.device.device_id = view.device_id
+            proto.ndim = view.ndim
+            proto.dtype = view.dtype
+            proto.shape = <int64_t*>view.shape
+            proto.strides = NULL
+            proto.byte_offset = 0
+            errors = []
+            if (api.managed_tensor_allocator(&proto, &managed, <void*>errors, _collect_error)
+                    != 0 or managed == NULL):
+                raise MemoryError(
+                    f"fastreduce: could not allocate the result: {'; '.join(errors)}")
+            _fill_result_view(view, out, <char*>managed.dl_tensor.data
+                              + managed.dl_tensor.byte_offset, api)
+            api.managed_tensor_to_py_object_no_sync(managed, &result)  # takes ownership
+            new = <object>result
+            Py_DECREF(new)  # <object> took a second reference
+            return new
     empty_like = _empty_like_by_type.get(type(obj))
     if empty_like is None:
         module = sys.modules.get(type(obj).__module__.partition(".")[0])
@@ -244,3 +312,28 @@ cdef int check_same_layout(BufferView* x, BufferView* out) except -1:
 cdef str _view_dtype(BufferView* v):
     from ._ops import KIND_NAMES
     return KIND_NAMES[v.kind]
+
+
+def set_result_cache_limit(size_t nbytes) -> int:
+    """Keep at most `nbytes` of freed out-of-place results for reuse (0: none); return the old."""
+    return fr_pool_set_limit(nbytes)
+
+
+def result_cache_info() -> dict:
+    """The out-of-place result cache: limit, bytes cached now, hits and misses."""
+    return {"limit": fr_pool_limit, "cached": fr_pool_cached, "hits": fr_pool_hits,
+            "misses": fr_pool_misses, "min_result_bytes": FR_POOL_MIN_BYTES}
+
+
+def _init_cache_limit():
+    import os
+    setting = os.environ.get("FASTREDUCE_RESULT_CACHE_MB")
+    if setting is not None:
+        try:
+            megabytes = float(setting)
+        except ValueError:
+            raise ValueError(f"FASTREDUCE_RESULT_CACHE_MB={setting!r}: give a number of MiB")
+        fr_pool_set_limit(<size_t>(megabytes * (1 << 20)))
+
+
+_init_cache_limit()

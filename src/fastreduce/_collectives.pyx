@@ -1,5 +1,5 @@
 # cython: warn.unused=False
-# (the `owner` locals are unused on purpose: they keep DLPack export capsules,
+# (the `_owner` locals are unused on purpose: they keep DLPack export capsules,
 # and so the memory MPI works on, alive until the call returns)
 """Blocking all-reduce of DLPack tensors, with the GIL released around each MPI call."""
 
@@ -93,7 +93,7 @@ def allreduce_(x, op="sum", *, comm=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int code = op_code(op)
     _resolve_comm(comm, &handle)
-    owner = acquire(x, &view, True, "x")
+    _owner = acquire(x, &view, True, "x")
     cdef const Reduction* red = get_reduction(view.kind, code)
     _run(MPI_IN_PLACE, view.data, view.count, red, handle)
     return x
@@ -105,13 +105,13 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int code = op_code(op)
     _resolve_comm(comm, &handle)
-    owner = acquire(x, &view, False, "x")
+    _owner = acquire(x, &view, False, "x")
     cdef const Reduction* red = get_reduction(view.kind, code)
     if out is None:
         out = new_like(x, &view, &result)
-        out_owner = None
+        _out_owner = None
     else:
-        out_owner = acquire(out, &result, True, "out")
+        _out_owner = acquire(out, &result, True, "out")
         check_same_layout(&view, &result)
     cdef const void* sendbuf = view.data
     cdef int64_t nbytes = view.count * red.itemsize
@@ -136,8 +136,8 @@ def _set_count_limit(int64_t limit) -> int:
 def _reduce_local(inbuf, inoutbuf, op="sum"):
     """MPI_Reduce_local(inbuf, inoutbuf) with fastreduce's datatype and op; for tests."""
     cdef BufferView a, b
-    owner_a = acquire(inbuf, &a, False, "inbuf")
-    owner_b = acquire(inoutbuf, &b, True, "inoutbuf")
+    _owner_a = acquire(inbuf, &a, False, "inbuf")
+    _owner_b = acquire(inoutbuf, &b, True, "inoutbuf")
     check_same_layout(&a, &b)
     cdef const Reduction* red = get_reduction(a.kind, op_code(op))
     CHKERR(MPI_Reduce_local(a.data, b.data, <int>a.count, red.datatype, red.op))

@@ -37,7 +37,7 @@ def expect(exc_type, words, fn, *objs):
     else:
         fails.check(False, f"expected {exc_type.__name__} with {words}, nothing raised")
     after = snapshot(objs)
-    fails.check(all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, after)),
+    fails.check(all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, after, strict=True)),
                 f"a rejected call ({words}) modified its tensors")
 
 

@@ -7,8 +7,17 @@ read-only and copied flags, unknown dtypes and versions, legacy capsules.
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, Structure, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64
-from ctypes import c_void_p
+from ctypes import (
+    POINTER,
+    Structure,
+    c_int32,
+    c_int64,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
 
 import numpy as np
 
