@@ -197,6 +197,7 @@ def main() -> int:
     parser.add_argument("--iters-small", type=int, default=1000)
     parser.add_argument("--iters-large", type=int, default=100)
     parser.add_argument("--json", help="write every number to this file (rank 0)")
+    parser.add_argument("--only", help="comma-separated columns to run (for investigations)")
     parser.add_argument("--inject-wrong", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     WRONG_INJECTION["on"] = args.inject_wrong
@@ -205,6 +206,8 @@ def main() -> int:
     p, rank = comm.size, comm.rank
     floor = load_floor(comm)
     cols = columns(comm, floor)
+    if args.only:
+        cols = {name: cols[name] for name in args.only.split(",")}
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ranks": p,
@@ -231,10 +234,15 @@ def main() -> int:
                                       comm.allreduce(mine, MPI.MAX)))
         wrong = {name: comm.allreduce(check(case)) for name, (_r, check) in cols.items()
                  if check is not None}
+        if args.only:
+            if rank == 0:
+                print(human(nbytes), {k: round(statistics.median(s[0] for s in v) * 1e6, 2)
+                                      for k, v in samples.items()}, wrong)
+            continue
         rows.append(summarise(nbytes, samples, wrong, p))
         if rank == 0:
             print(f"  measured {nbytes} B", file=sys.stderr, flush=True)
-    if rank == 0:
+    if rank == 0 and rows:
         print_table(meta, rows)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
