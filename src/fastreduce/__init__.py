@@ -16,17 +16,43 @@ from ._collectives import HAVE_LARGE_COUNT, allreduce, allreduce_, default_comm 
 from ._errors import build_mpi  # noqa: E402
 from ._ops import OP_NAMES, half_precision_paths, supports  # noqa: E402
 from ._version import __version__  # noqa: E402
+from .partition import CartesianPartition, Partition  # noqa: E402
+
+# The torch layers load torch only when first used, so the core works without it.
+_TORCH_ATTRIBUTES = {
+    "all_sum_reduce": "autograd",
+    "all_reduce": "autograd",
+    "zero_volume_tensor": "autograd",
+}
+
+
+def __getattr__(name: str):
+    if name in ("nn", "autograd"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    if name in _TORCH_ATTRIBUTES:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_TORCH_ATTRIBUTES[name]}", __name__), name)
+    raise AttributeError(f"module 'fastreduce' has no attribute {name!r}")
+
 
 __all__ = [
+    "CartesianPartition",
     "HAVE_LARGE_COUNT",
     "OP_NAMES",
     "__version__",
+    "all_reduce",
+    "all_sum_reduce",
     "allreduce",
     "allreduce_",
     "build_mpi",
     "default_comm",
+    "Partition",
     "half_precision_paths",
     "result_cache_info",
     "set_result_cache_limit",
     "supports",
+    "zero_volume_tensor",
 ]

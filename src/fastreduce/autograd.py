@@ -1,0 +1,166 @@
+"""Differentiable all-reduces for torch, whose backward passes are the forward's adjoints.
+
+`all_sum_reduce(x, P, axes)`: the sum of x over the workers of P's sub-partition
+spanning `axes`, on each of them. Summing is self-adjoint: backward sums the
+gradient the same way. `all_reduce(x, comm, op, backward)`: the tensor-parallel
+all-reduce (Megatron's "g", TransformerEngine's AllReduce): backward is the
+identity, or the same all-reduce of the gradient.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from mpi4py import MPI
+
+from ._collectives import allreduce, default_comm
+from .partition import CartesianPartition, Partition
+
+__all__ = ["all_reduce", "all_sum_reduce", "set_consistency_checks", "zero_volume_tensor"]
+
+# Set by FASTREDUCE_CHECK_CONSISTENCY=1 or set_consistency_checks(True): before each
+# reduction the layers compare dtype and shape across the communicator.
+_check_consistency = os.environ.get("FASTREDUCE_CHECK_CONSISTENCY", "0") not in ("", "0")
+
+
+def set_consistency_checks(enabled: bool) -> bool:
+    """Compare dtype and shape across ranks before each layer reduction (one extra
+    allgather per call: for debugging). Returns the previous setting."""
+    global _check_consistency
+    old, _check_consistency = _check_consistency, bool(enabled)
+    return old
+
+
+def _check_same_everywhere(x: torch.Tensor, comm: MPI.Comm, what: str) -> None:
+    """Raise on every rank of comm when the ranks' tensors differ in dtype or shape."""
+    mine = (str(x.dtype), tuple(x.shape))
+    everyone = comm.allgather(mine)
+    if any(other != mine for other in everyone):
+        listing = ", ".join(f"rank {r}: {d} {list(s)}" for r, (d, s) in enumerate(everyone))
+        raise ValueError(f"fastreduce: {what}: the ranks of the communicator passed tensors "
+                         f"of different dtype or shape ({listing}); every rank must pass the "
+                         f"same")
+
+def zero_volume_tensor(b=None, dtype=None, device=None, requires_grad=False) -> torch.Tensor:
+    """An empty tensor for inactive workers: shape (0,), or (b, 0) with a batch size b."""
+    shape = (0,) if b is None else (b, 0)
+    return torch.empty(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def _contiguous_allreduce(x: torch.Tensor, op, comm) -> torch.Tensor:
+    """Out-of-place core all-reduce that makes x contiguous first instead of refusing it."""
+    try:
+        return allreduce(x, op, comm=comm)
+    except BufferError:
+        if x.is_contiguous():
+            raise
+        return allreduce(x.contiguous(), op, comm=comm)
+
+
+class AllSumReduceFunction(torch.autograd.Function):
+    """y = sum of x over comm; its adjoint (backward) is the same sum of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return _contiguous_allreduce(x, "sum", comm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _contiguous_allreduce(grad, "sum", ctx.comm), None
+
+
+class AllReduceFunction(torch.autograd.Function):
+    """Forward all-reduce over comm; backward identity or the same all-reduce."""
+
+    @staticmethod
+    def forward(ctx, x, comm, op, reduce_grad):
+        ctx.comm, ctx.op, ctx.reduce_grad = comm, op, reduce_grad
+        return _contiguous_allreduce(x, op, comm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.reduce_grad:
+            grad = _contiguous_allreduce(grad, ctx.op, ctx.comm)
+        return grad, None, None, None
+
+
+def _needs_grad(x: torch.Tensor) -> bool:
+    return x.requires_grad and torch.is_grad_enabled()
+
+
+def sum_over(x: torch.Tensor, comm: MPI.Comm, active: bool, identity: bool,
+             what: str) -> torch.Tensor:
+    """The all-sum-reduce of x over comm (a cached sub-communicator).
+
+    `identity`: comm has one worker, so the sum is x itself (returned as a clone).
+    """
+    if not active:
+        if x.numel() != 0:
+            raise ValueError(f"fastreduce: {what}: this worker is not in the partition, so x "
+                             f"must be a zero-volume tensor (fastreduce.zero_volume_tensor()), "
+                             f"not shape {list(x.shape)}")
+        return x.clone()
+    if identity:
+        return x.clone()
+    if _check_consistency:
+        _check_same_everywhere(x, comm, what)
+    if _needs_grad(x):
+        return AllSumReduceFunction.apply(x, comm)
+    return _contiguous_allreduce(x, "sum", comm)
+
+
+def all_sum_reduce(x: torch.Tensor, P: Partition, axes) -> torch.Tensor:
+    """Sum x over the workers of P that share every coordinate outside `axes`; differentiable.
+
+    Not in place: x is untouched, and an identity reduction returns a clone.
+    """
+    if not isinstance(P, CartesianPartition):
+        if not isinstance(P, Partition):
+            raise TypeError(f"fastreduce: P must be a fastreduce Partition, not "
+                            f"{type(P).__qualname__}")
+        if tuple(axes) not in ((), (0,)):
+            raise ValueError(f"fastreduce: axes {tuple(axes)} need a CartesianPartition; "
+                             f"a plain Partition has the one axis 0")
+        identity = not tuple(axes) or P.size == 1
+        return sum_over(x, P.comm, P.active, identity, "all_sum_reduce")
+    comm = P.sub(P.normalize_axes(axes))
+    identity = not P.active or comm.Get_size() == 1
+    return sum_over(x, comm, P.active, identity, "all_sum_reduce")
+
+
+_BACKWARDS = ("identity", "sum")
+_OPS = ("sum", "avg")
+
+
+def check_all_reduce_args(op: str, backward: str) -> None:
+    if op not in _OPS:
+        raise ValueError(f"fastreduce: AllReduce op must be one of {_OPS}, not {op!r}")
+    if backward not in _BACKWARDS:
+        raise ValueError(f"fastreduce: backward must be 'identity' or 'sum', not {backward!r}")
+
+
+def all_reduce(x: torch.Tensor, comm: MPI.Comm | None = None, op: str = "sum",
+               backward: str = "identity") -> torch.Tensor:
+    """Tensor-parallel all-reduce: forward reduces over comm (out of place).
+
+    backward="identity": the gradient passes unchanged (Megatron's "g");
+    backward="sum": the gradient is all-reduced with the same op (the adjoint).
+    A group of one worker returns x itself both ways.
+    """
+    check_all_reduce_args(op, backward)
+    comm = default_comm() if comm is None else comm
+    if comm.Get_size() == 1:
+        return x
+    return reduce_tensor_parallel(x, comm, op, backward == "sum")
+
+
+def reduce_tensor_parallel(x: torch.Tensor, comm: MPI.Comm, op: str,
+                           reduce_grad: bool) -> torch.Tensor:
+    """The forward of AllReduce over a group of more than one worker."""
+    if _check_consistency:
+        _check_same_everywhere(x, comm, "AllReduce")
+    if _needs_grad(x):
+        return AllReduceFunction.apply(x, comm, op, reduce_grad)
+    return _contiguous_allreduce(x, op, comm)

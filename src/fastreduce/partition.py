@@ -1,0 +1,201 @@
+"""Partitions of workers (DistDL's model) with cached Cartesian sub-communicators.
+
+    P_world = Partition()                                   # every rank
+    P_base = P_world.create_partition_inclusive(range(12))  # ranks 0..11; others inactive
+    P_x = P_base.create_cartesian_topology_partition([2, 2, 3])
+    comm = P_x.sub((1, 2))   # the workers that share P_x.coords[0]; made once, then cached
+
+A sub-communicator is created by the first `sub(axes)` for those axes
+(MPI_Cart_sub) and kept in an MPI attribute of the parent communicator, so
+every partition over that communicator shares it, later calls make no MPI
+call, and freeing the parent frees its subs (the attribute's delete
+callback).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable, Sequence
+
+from mpi4py import MPI
+
+from ._collectives import default_comm
+
+__all__ = ["CartesianPartition", "Partition"]
+
+_GROUP_TAG = 0x6672  # tag of MPI_Comm_create_group calls made here
+_subs_keyval: int | None = None
+
+
+def _free_subs(comm: MPI.Comm, keyval: int, subs: dict) -> None:
+    """Delete callback of the sub-communicator cache: the parent is being freed."""
+    for sub in subs.values():
+        if sub != MPI.COMM_NULL and sub != MPI.COMM_SELF and sub != comm:
+            sub.Free()
+    subs.clear()
+
+
+def _sub_cache(comm: MPI.Comm) -> dict:
+    """The dict of sub-communicators attached to `comm` (created on first use)."""
+    global _subs_keyval
+    if _subs_keyval is None:
+        _subs_keyval = MPI.Comm.Create_keyval(delete_fn=_free_subs)
+    subs = comm.Get_attr(_subs_keyval)
+    if subs is None:
+        subs = {}
+        comm.Set_attr(_subs_keyval, subs)
+    return subs
+
+
+def _as_int_list(values: Iterable, what: str) -> list[int]:
+    try:
+        out = [operator.index(v) for v in values]
+    except TypeError:
+        raise TypeError(f"fastreduce: {what} must be a sequence of integers, got "
+                        f"{values!r}") from None
+    return out
+
+
+class Partition:
+    """A set of workers over an mpi4py intracommunicator; inactive where comm is COMM_NULL."""
+
+    def __init__(self, comm: MPI.Intracomm | None = None):
+        if comm is None:
+            comm = default_comm()
+        if not isinstance(comm, MPI.Comm):
+            raise TypeError(f"fastreduce: Partition needs an mpi4py communicator or None, not "
+                            f"{type(comm).__qualname__}")
+        if comm != MPI.COMM_NULL and comm.Is_inter():
+            raise ValueError("fastreduce: a Partition needs an intracommunicator")
+        self._comm = comm
+        self.active = comm != MPI.COMM_NULL
+        self.rank = comm.Get_rank() if self.active else -1
+        self.size = comm.Get_size() if self.active else 0
+
+    @property
+    def comm(self) -> MPI.Intracomm:
+        """The mpi4py communicator of this partition, or MPI.COMM_NULL on inactive workers."""
+        return self._comm
+
+    def __repr__(self) -> str:
+        state = f"rank {self.rank} of {self.size}" if self.active else "inactive"
+        return f"{type(self).__name__}({state})"
+
+    def create_partition_inclusive(self, ranks: Iterable) -> Partition:
+        """A Partition of the given ranks of this one (collective over them); others: inactive."""
+        ranks = _as_int_list(ranks, "ranks")
+        if not ranks:
+            raise ValueError("fastreduce: create_partition_inclusive needs at least one rank")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"fastreduce: ranks {ranks} repeat a rank")
+        if not self.active:
+            return Partition(MPI.COMM_NULL)
+        outside = [r for r in ranks if not 0 <= r < self.size]
+        if outside:
+            raise ValueError(f"fastreduce: ranks {outside} are not in this partition of "
+                             f"{self.size} workers (valid: 0..{self.size - 1})")
+        if self.rank not in ranks:
+            return Partition(MPI.COMM_NULL)
+        group = self._comm.Get_group()
+        try:
+            subgroup = group.Incl(ranks)
+            try:
+                comm = self._comm.Create_group(subgroup, tag=_GROUP_TAG)
+            finally:
+                subgroup.Free()
+        finally:
+            group.Free()
+        return Partition(comm)
+
+    def create_cartesian_topology_partition(
+        self, shape: Sequence[int], periods: Sequence[bool] | None = None
+    ) -> CartesianPartition:
+        """A CartesianPartition of `shape` over the first prod(shape) workers (MPI_Cart_create)."""
+        shape = _as_int_list(shape, "shape")
+        if not shape or any(n < 1 for n in shape):
+            raise ValueError(f"fastreduce: shape {shape} must be a non-empty list of positive "
+                             f"integers")
+        periods = [False] * len(shape) if periods is None else [bool(p) for p in periods]
+        if len(periods) != len(shape):
+            raise ValueError(f"fastreduce: periods {periods} and shape {shape} differ in length")
+        if not self.active:
+            return CartesianPartition(MPI.COMM_NULL, shape)
+        if math.prod(shape) > self.size:
+            raise ValueError(f"fastreduce: shape {shape} needs {math.prod(shape)} workers but "
+                             f"this partition has {self.size}")
+        comm = self._comm.Create_cart(shape, periods=periods, reorder=False)
+        return CartesianPartition(comm, shape)
+
+
+class CartesianPartition(Partition):
+    """Workers on a Cartesian grid; sub-communicators along any axes are cached."""
+
+    def __init__(self, comm: MPI.Intracomm, shape: Sequence[int]):
+        super().__init__(comm)
+        self.shape = tuple(shape)
+        self.dim = len(self.shape)
+        if self.active:
+            if not isinstance(comm, MPI.Cartcomm) or tuple(comm.Get_topo()[0]) != self.shape:
+                raise ValueError("fastreduce: a CartesianPartition needs a Cartesian "
+                                 f"communicator of shape {list(self.shape)}")
+            self.coords = tuple(comm.Get_coords(self.rank))
+            self._subs = _sub_cache(comm)
+        else:
+            self.coords = None
+            self._subs = {}
+
+    @property
+    def index(self) -> tuple | None:
+        """DistDL's name for coords."""
+        return self.coords
+
+    def normalize_axes(self, axes: Iterable, what: str = "axes") -> tuple[int, ...]:
+        """Sorted axes, negative ones counted from the end; ValueError when out of range or repeated."""
+        axes = _as_int_list(axes, what)
+        normal = [a + self.dim if a < 0 else a for a in axes]
+        bad = [a for a, n in zip(axes, normal, strict=True) if not 0 <= n < self.dim]
+        if bad:
+            raise ValueError(f"fastreduce: {what} {bad} out of range for a {self.dim}-d "
+                             f"partition of shape {list(self.shape)}")
+        if len(set(normal)) != len(normal):
+            raise ValueError(f"fastreduce: {what} {axes} repeat an axis")
+        return tuple(sorted(normal))
+
+    def sub(self, axes: Iterable) -> MPI.Intracomm:
+        """The communicator of the workers that share every coordinate outside `axes`.
+
+        Made once by MPI_Cart_sub (collective over this partition) and cached with
+        this partition's communicator; MPI.COMM_NULL on inactive workers.
+        """
+        key = self.normalize_axes(axes)
+        subs = self._subs
+        comm = subs.get(key)
+        if comm is not None:
+            return comm
+        if not self.active:
+            return MPI.COMM_NULL
+        if len(key) == self.dim:
+            comm = self._comm  # every axis: the partition itself
+        else:
+            comm = self._comm.Sub([axis in key for axis in range(self.dim)])
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+        subs[key] = comm
+        return comm
+
+    def create_cartesian_subtopology_partition(
+        self, remain_dims: Sequence[bool]
+    ) -> CartesianPartition:
+        """DistDL's spelling of sub(): a CartesianPartition over the cached sub-communicator."""
+        remain = [bool(r) for r in remain_dims]
+        if len(remain) != self.dim:
+            raise ValueError(f"fastreduce: remain_dims {list(remain_dims)} must have one entry "
+                             f"per axis of the shape {list(self.shape)}")
+        axes = [axis for axis, keep in enumerate(remain) if keep]
+        shape = [self.shape[axis] for axis in axes]
+        if not shape:
+            raise ValueError("fastreduce: remain_dims keeps no axis")
+        comm = self.sub(axes)
+        if comm == self._comm:
+            return self
+        return CartesianPartition(comm, shape)

@@ -1,0 +1,163 @@
+"""AllSumReduce / AllReduce: values, adjoint (dot-product) tests, gradcheck, 5000 layers."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from common import WORLD, Failures
+from mpi4py import MPI
+
+import fastreduce
+from fastreduce.nn import AllReduce, AllSumReduce
+
+fails = Failures()
+p, rank = WORLD.size, WORLD.rank
+rows = 2 if p % 2 == 0 else 1
+cols = p // rows
+P = fastreduce.Partition().create_cartesian_topology_partition([rows, cols])
+row_ranks = [r for r in range(p) if r // cols == P.rank // cols]
+
+
+def world_sum(value: float) -> float:
+    return WORLD.allreduce(float(value))
+
+
+def seeded(seed, *shape, dtype=torch.float64, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(requires_grad)
+
+
+# --- values --------------------------------------------------------------------------
+layer = AllSumReduce(P, axes_reduce=[1])
+x = seeded(100 + rank, 4, 3)
+y = layer(x)
+want = sum(seeded(100 + r, 4, 3) for r in row_ranks)
+fails.check(torch.allclose(y, want, rtol=0, atol=1e-12), "AllSumReduce row sum")
+fails.check(torch.equal(AllSumReduce(P, axes_keep=[0])(x), y), "axes_keep == axes_reduce")
+fails.check(torch.equal(fastreduce.all_sum_reduce(x, P, [1]), y), "functional form")
+xt = seeded(7 + rank, 3, 4).T  # non-contiguous: made contiguous by the layer
+fails.check(torch.allclose(layer(xt), sum(seeded(7 + r, 3, 4).T for r in row_ranks),
+                           rtol=0, atol=1e-12), "non-contiguous input")
+ident = AllSumReduce(P, axes_reduce=[])(x)
+fails.check(ident is not x and torch.equal(ident, x), "no axes: a clone")
+for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.complex64):
+    xd = torch.full((5,), float(rank + 1)).to(dtype)
+    yd = layer(xd)
+    fails.check(yd.dtype == dtype and torch.equal(yd, torch.full((5,), float(sum(
+        r + 1 for r in row_ranks))).to(dtype)), f"AllSumReduce {dtype}")
+with torch.no_grad():
+    xg = seeded(5, 3, requires_grad=True)
+    yg = layer(xg)
+fails.check(not yg.requires_grad, "no_grad path records no graph")
+
+# --- adjoint (dot-product) tests: <F x, y> == <x, F* y> summed over ranks ----------------
+def adjoint_gap(F, shape):
+    x = seeded(1000 + rank, *shape, requires_grad=True)
+    y = seeded(2000 + rank, *shape)
+    Fx = F(x)
+    (Fstar_y,) = torch.autograd.grad(Fx, x, grad_outputs=y)
+    left = world_sum((Fx.detach() * y).sum())
+    right = world_sum((x.detach() * Fstar_y).sum())
+    return abs(left - right) / max(abs(left), abs(right), 1e-300)
+
+
+for axes in ([0], [1], [0, 1], []):
+    gap = adjoint_gap(AllSumReduce(P, axes_reduce=axes), (6, 5))
+    fails.check(gap <= 1e-12, f"AllSumReduce{axes} adjoint gap {gap:.2e}")
+gap = adjoint_gap(AllReduce(backward="sum"), (7,))
+fails.check(gap <= 1e-12, f"AllReduce(backward='sum') adjoint gap {gap:.2e}")
+
+# AllReduce's default backward is the identity (Megatron's "g")
+x = seeded(3 + rank, 4, requires_grad=True)
+g = seeded(4 + rank, 4)
+out = AllReduce()(x)
+fails.check(torch.allclose(out, sum(seeded(3 + r, 4) for r in range(p)), atol=1e-12), "AllReduce")
+(gx,) = torch.autograd.grad(out, x, grad_outputs=g)
+fails.check(torch.equal(gx, g), "identity backward")
+avg = AllReduce(op="avg")(seeded(3 + rank, 4))
+fails.check(torch.allclose(avg, sum(seeded(3 + r, 4) for r in range(p)) / p, atol=1e-12), "avg")
+single = AllReduce(comm=MPI.COMM_SELF)
+fails.check(single(x) is x, "a group of one is a no-op")
+
+# --- gradcheck of a composed model ------------------------------------------------------
+# gradcheck runs in lockstep: every rank perturbs the same input element at once. With
+# the same weights everywhere and inputs that depend only on the column coordinate, every
+# row sum and everything after it is the same on all ranks, so the numerical Jacobian
+# (cols * p * H W1) equals the analytical one only if each backward is its forward's
+# adjoint (an identity backward of the row sum would give p * H W1).
+G = fastreduce.Partition().create_cartesian_topology_partition(
+    [2, p // 2] if p >= 4 and p % 2 == 0 else [1, p])
+torch.manual_seed(0)
+W1 = torch.randn(5, 4, dtype=torch.float64)
+W2 = torch.randn(3, 5, dtype=torch.float64)
+sum_rows = AllSumReduce(G, axes_reduce=[1])
+tp = AllReduce(backward="sum")
+
+
+def model(x):
+    return tp(torch.tanh(W2 @ torch.tanh(sum_rows(W1 @ x)))).sin()
+
+
+x = seeded(50 + G.coords[1], 4, 2, requires_grad=True)
+ok = torch.autograd.gradcheck(model, (x,), eps=1e-6, atol=1e-7, rtol=1e-5,
+                              raise_exception=False)
+fails.check(ok, f"gradcheck of the composed model on a {list(G.shape)} grid")
+
+# --- many layers, one communicator ---------------------------------------------------------
+before = dict(P._subs)
+layers = [AllSumReduce(P, axes_reduce=[1]) for _ in range(5000)]
+fails.check(all(lay.comm is layers[0].comm for lay in layers), "layers share one communicator")
+fails.check(set(P._subs) == set(before) | {(1,)}, f"cache grew: {list(P._subs)}")
+x = torch.ones(3, requires_grad=True)
+total = x
+for lay in layers:
+    total = lay(total) / len(row_ranks)
+total.sum().backward()
+fails.check(torch.allclose(total, torch.ones(3)) and torch.allclose(x.grad, torch.ones(3)),
+            f"5000 layers: {total} {x.grad}")
+
+# --- bad input ------------------------------------------------------------------------------
+def expect(exc_type, words, fn):
+    try:
+        fn()
+    except exc_type as exc:
+        missing = [w for w in words if w not in str(exc)]
+        fails.check(not missing, f"message {str(exc)!r} lacks {missing}")
+    except Exception as exc:  # noqa: BLE001
+        fails.check(False, f"expected {exc_type.__name__} {words}, got {exc!r}")
+    else:
+        fails.check(False, f"expected {exc_type.__name__} {words}, nothing raised")
+
+
+expect(ValueError, ["exactly one"], lambda: AllSumReduce(P))
+expect(ValueError, ["exactly one"], lambda: AllSumReduce(P, axes_reduce=[0], axes_keep=[1]))
+expect(ValueError, ["axes_reduce [5]", "out of range"], lambda: AllSumReduce(P, axes_reduce=[5]))
+expect(ValueError, ["axes_keep", "repeat"], lambda: AllSumReduce(P, axes_keep=[0, 0]))
+expect(TypeError, ["CartesianPartition"], lambda: AllSumReduce(fastreduce.Partition(), [0]))
+expect(ValueError, ["backward"], lambda: AllReduce(backward="adjoint"))
+expect(ValueError, ["op"], lambda: AllReduce(op="max"))
+inactive = fastreduce.Partition(MPI.COMM_NULL).create_cartesian_topology_partition([2])
+lazy = AllSumReduce(inactive, axes_reduce=[0])
+zv = fastreduce.zero_volume_tensor(requires_grad=True)
+out = lazy(zv)
+fails.check(out.shape == (0,) and out is not zv, "inactive worker: clone of zero volume")
+expect(ValueError, ["not in the partition", "zero-volume"], lambda: lazy(torch.ones(2)))
+fails.check(fastreduce.zero_volume_tensor(4, dtype=torch.float16).shape == (4, 0), "zvt(b)")
+
+# with consistency checks on, ranks that pass different dtypes all get a ValueError
+# (instead of a wrong sum or a hang); off, nothing extra is communicated
+if p > 1:
+    from fastreduce.autograd import set_consistency_checks
+
+    old = set_consistency_checks(True)
+    mixed = torch.ones(3, dtype=torch.float32 if rank == 0 else torch.float64)
+    expect(ValueError, ["different dtype or shape", "rank 0: torch.float32",
+                        "rank 1: torch.float64"], lambda: AllReduce()(mixed))
+    expect(ValueError, ["different dtype or shape"],
+           lambda: fastreduce.all_sum_reduce(torch.ones(rank + 1), P, [0, 1]))
+    fails.check(torch.equal(AllReduce()(torch.ones(2)), torch.full((2,), float(p))),
+                "consistent call with checks on")
+    set_consistency_checks(old)
+fails.finish()
+sys.exit(0)
