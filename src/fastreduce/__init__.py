@@ -27,15 +27,17 @@ _TORCH_ATTRIBUTES = {
 
 
 def __getattr__(name: str):
+    import importlib
+
     if name in ("nn", "autograd"):
-        import importlib
-
-        return importlib.import_module(f".{name}", __name__)
-    if name in _TORCH_ATTRIBUTES:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_TORCH_ATTRIBUTES[name]}", __name__), name)
-    raise AttributeError(f"module 'fastreduce' has no attribute {name!r}")
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _TORCH_ATTRIBUTES:
+        module = importlib.import_module(f".{_TORCH_ATTRIBUTES[name]}", __name__)
+        value = getattr(module, name)
+    else:
+        raise AttributeError(f"module 'fastreduce' has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
 
 __all__ = [

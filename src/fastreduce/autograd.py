@@ -116,6 +116,11 @@ def all_sum_reduce(x: torch.Tensor, P: Partition, axes) -> torch.Tensor:
 
     Not in place: x is untouched, and an identity reduction returns a clone.
     """
+    key = tuple(axes)
+    found = _reducers.get((id(P), key))
+    if found is not None and found[0] is P:
+        _, comm, identity = found
+        return sum_over(x, comm, P.active, identity, "all_sum_reduce")
     if not isinstance(P, CartesianPartition):
         if not isinstance(P, Partition):
             raise TypeError(f"fastreduce: P must be a fastreduce Partition, not "
@@ -127,7 +132,15 @@ def all_sum_reduce(x: torch.Tensor, P: Partition, axes) -> torch.Tensor:
         return sum_over(x, P.comm, P.active, identity, "all_sum_reduce")
     comm = P.sub(P.normalize_axes(axes))
     identity = not P.active or comm.Get_size() == 1
+    if len(_reducers) > 4096:  # partitions come and go in long runs: keep this bounded
+        _reducers.clear()
+    _reducers[(id(P), key)] = (P, comm, identity)
     return sum_over(x, comm, P.active, identity, "all_sum_reduce")
+
+
+# (id(partition), axes as given) -> (partition, sub-communicator, identity): the
+# functional form's look-up, so a steady-state call does no axis normalisation.
+_reducers: dict = {}
 
 
 _BACKWARDS = ("identity", "sum")

@@ -151,7 +151,7 @@ class CartesianPartition(Partition):
         return self.coords
 
     def normalize_axes(self, axes: Iterable, what: str = "axes") -> tuple[int, ...]:
-        """Sorted axes, negative ones counted from the end; ValueError when out of range or repeated."""
+        """Sorted axes (negative ones count from the end); ValueError if out of range/repeated."""
         axes = _as_int_list(axes, what)
         normal = [a + self.dim if a < 0 else a for a in axes]
         bad = [a for a, n in zip(axes, normal, strict=True) if not 0 <= n < self.dim]
