@@ -5,8 +5,8 @@
 On a [2, p/2] CartesianPartition ([1, p] for p < 4 or odd),
 AllSumReduce(axes_reduce=[1]) sums over the workers of a row. The reference
 is the core's out-of-place fastreduce.allreduce on the same group built by
-hand (COMM_WORLD.Split by row). Columns, float32, latency in us (average over ranks, median of runs),
-ratios taken within each run:
+hand (COMM_WORLD.Split by row). Columns, float32, latency in us (average
+over ranks, median of runs), ratios taken within each run:
 
   core          fastreduce.allreduce(x, comm=row_comm)
   layer         AllSumReduce(x), x not requiring grad      (target <= 1.1x core)
