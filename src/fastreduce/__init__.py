@@ -12,7 +12,17 @@ from . import _abi
 _abi.check()  # before any MPI call through a possibly mismatched library
 
 from ._buffer import result_cache_info, set_result_cache_limit  # noqa: E402
-from ._collectives import HAVE_LARGE_COUNT, allreduce, allreduce_, default_comm  # noqa: E402
+from ._collectives import (  # noqa: E402
+    HAVE_LARGE_COUNT,
+    Request,
+    allreduce,
+    allreduce_,
+    allreduce_coalesced_,
+    default_comm,
+    iallreduce,
+    iallreduce_,
+    wait_all,
+)
 from ._errors import build_mpi  # noqa: E402
 from ._ops import OP_NAMES, half_precision_paths, supports  # noqa: E402
 from ._version import __version__  # noqa: E402
@@ -23,13 +33,14 @@ _TORCH_ATTRIBUTES = {
     "all_sum_reduce": "autograd",
     "all_reduce": "autograd",
     "zero_volume_tensor": "autograd",
+    "GradientSync": "gradsync",
 }
 
 
 def __getattr__(name: str):
     import importlib
 
-    if name in ("nn", "autograd"):
+    if name in ("nn", "autograd", "gradsync"):
         value = importlib.import_module(f".{name}", __name__)
     elif name in _TORCH_ATTRIBUTES:
         module = importlib.import_module(f".{_TORCH_ATTRIBUTES[name]}", __name__)
@@ -42,19 +53,25 @@ def __getattr__(name: str):
 
 __all__ = [
     "CartesianPartition",
+    "GradientSync",
     "HAVE_LARGE_COUNT",
+    "Request",
     "OP_NAMES",
     "__version__",
     "all_reduce",
     "all_sum_reduce",
     "allreduce",
     "allreduce_",
+    "allreduce_coalesced_",
     "build_mpi",
     "default_comm",
     "Partition",
     "half_precision_paths",
+    "iallreduce",
+    "iallreduce_",
     "result_cache_info",
     "set_result_cache_limit",
     "supports",
+    "wait_all",
     "zero_volume_tensor",
 ]

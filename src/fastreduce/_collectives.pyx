@@ -7,11 +7,17 @@ from mpi4py cimport MPI
 
 from libc.limits cimport INT_MAX
 from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from ._buffer cimport BufferView, acquire, check_same_layout, new_like
+from ._dtypes cimport NKINDS
 from ._errors cimport CHKERR
 from ._libmpi cimport *
 from ._ops cimport Reduction, get_reduction, op_code
+
+import atexit
+import weakref
 
 from mpi4py import MPI as _MPI
 
@@ -99,6 +105,18 @@ def allreduce_(x, op="sum", *, comm=None):
     return x
 
 
+cdef const void* _send_buffer(BufferView* view, BufferView* result,
+                              const Reduction* red) except? NULL:
+    """x's data, or MPI_IN_PLACE when out is x itself; ValueError when they partly overlap."""
+    cdef int64_t nbytes = view.count * red.itemsize
+    if result.data == view.data:
+        return MPI_IN_PLACE
+    if nbytes and result.data < view.data + nbytes and view.data < result.data + nbytes:
+        raise ValueError("fastreduce: out overlaps x in memory; pass a separate out, or use "
+                         "allreduce_ to reduce in place")
+    return view.data
+
+
 def allreduce(x, op="sum", *, comm=None, out=None):
     """Return the reduction of x over all ranks of comm, in a new tensor or in `out`; x is kept."""
     cdef BufferView view, result
@@ -113,15 +131,339 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     else:
         _out_owner = acquire(out, &result, True, "out")
         check_same_layout(&view, &result)
-    cdef const void* sendbuf = view.data
-    cdef int64_t nbytes = view.count * red.itemsize
-    if result.data == view.data:
-        sendbuf = MPI_IN_PLACE  # out is x itself
-    elif nbytes and result.data < view.data + nbytes and view.data < result.data + nbytes:
-        raise ValueError("fastreduce: out overlaps x in memory; pass a separate out, or use "
-                         "allreduce_ to reduce in place")
-    _run(sendbuf, result.data, view.count, red, handle)
+    _run(_send_buffer(&view, &result, red), result.data, view.count, red, handle)
     return out
+
+
+# --- non-blocking -------------------------------------------------------------------
+
+# Requests not yet completed; the weak set lets a dropped one be collected (its
+# __dealloc__ completes it) and lets interpreter exit complete the rest before
+# mpi4py finalizes MPI (atexit runs handlers last-registered first).
+_pending = weakref.WeakSet()
+_orphaned = []  # buffers of requests whose communicator was freed before they completed
+
+
+cdef class Request:
+    """A started non-blocking all-reduce: wait() returns its result, test() never blocks.
+
+    The request keeps every tensor it uses alive until it completes. One that is
+    dropped without wait() is completed when it is garbage-collected, or at
+    interpreter exit; waiting twice returns the same result.
+    """
+
+    cdef MPI_Request* handles
+    cdef int nhandles
+    cdef bint pending
+    cdef object result
+    cdef object keep          # the tensors and export capsules MPI reads and writes
+    cdef object comm          # the mpi4py communicator, to notice when it is freed
+    cdef char* recvbuf
+    cdef int64_t count
+    cdef const Reduction* red
+    cdef MPI_Comm handle
+    cdef object __weakref__
+
+    def __cinit__(self):
+        self.handles = NULL
+        self.nhandles = 0
+        self.pending = False
+
+    def __dealloc__(self):
+        if self.pending and self.handles != NULL:
+            if self.comm is not None and (<MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
+                # Its communicator was freed under it: some MPIs crash in a wait now.
+                # Keep the request's buffers alive for good instead, so MPI can never
+                # write into freed memory.
+                _orphaned.append(self.keep)
+                return
+            with nogil:  # complete it before its buffers go: MPI may still write them
+                MPI_Waitall(self.nhandles, self.handles, MPI_STATUSES_IGNORE)
+        free(self.handles)
+
+    cdef int _check_comm(self) except -1:
+        if self.comm is not None and (<MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
+            raise ValueError(
+                "fastreduce: the request's communicator was freed before the request "
+                "completed; wait for requests before freeing their communicator (this "
+                "request can no longer be completed: its tensors are kept alive so that "
+                "nothing is overwritten, and its result is not available)")
+        return 0
+
+    cdef int _finish(self, int ierr) except -1:
+        self.pending = False
+        _pending.discard(self)
+        CHKERR(ierr)
+        cdef int size = 1
+        if self.red.divide_kind >= 0:
+            CHKERR(MPI_Comm_size(self.handle, &size))
+            with nogil:
+                fr_divide(self.recvbuf, self.count, self.red.divide_kind, size)
+        self.keep = None
+        return 0
+
+    def wait(self):
+        """Block until the reduction is done (GIL released) and return the result tensor."""
+        cdef int ierr
+        if self.pending:
+            self._check_comm()
+            with nogil:
+                ierr = MPI_Waitall(self.nhandles, self.handles, MPI_STATUSES_IGNORE)
+            self._finish(ierr)
+        return self.result
+
+    def test(self) -> bool:
+        """Whether the reduction is done (advancing it); never blocks."""
+        cdef int flag = 0
+        cdef int ierr
+        if not self.pending:
+            return True
+        self._check_comm()
+        ierr = MPI_Testall(self.nhandles, self.handles, &flag, MPI_STATUSES_IGNORE)
+        if ierr != MPI_SUCCESS or flag:
+            self._finish(ierr)
+            return True
+        return False
+
+    @property
+    def done(self) -> bool:
+        """True once wait() or test() has seen the reduction complete."""
+        return not self.pending
+
+
+cdef Request _start(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
+                    MPI_Comm handle, object comm, object result, object keep):
+    """MPI_Iallreduce (large-count, or chunked past the int limit) wrapped in a Request."""
+    cdef Request req = Request.__new__(Request)
+    cdef int64_t limit = _count_limit
+    cdef int64_t chunks = 1
+    if count > limit and not (FASTREDUCE_HAVE_LARGE_COUNT and red.predefined):
+        chunks = (count + limit - 1) // limit
+    req.handles = <MPI_Request*>malloc(chunks * sizeof(MPI_Request))
+    if req.handles == NULL:
+        raise MemoryError("fastreduce: out of memory for MPI requests")
+    req.result, req.keep, req.comm = result, keep, comm
+    req.recvbuf, req.count, req.red, req.handle = recvbuf, count, red, handle
+    cdef int ierr = MPI_SUCCESS
+    cdef int64_t offset = 0
+    cdef int64_t n
+    cdef int64_t stride = red.itemsize
+    cdef int started = 0
+    with nogil:
+        if count <= limit:
+            ierr = MPI_Iallreduce(sendbuf, recvbuf, <int>count, red.datatype, red.op, handle,
+                                  &req.handles[0])
+            started = ierr == MPI_SUCCESS
+        elif chunks == 1:
+            ierr = fr_iallreduce_large(sendbuf, recvbuf, count, red.datatype, red.op, handle,
+                                       &req.handles[0])
+            started = ierr == MPI_SUCCESS
+        else:
+            while offset < count and ierr == MPI_SUCCESS:
+                n = min(limit, count - offset)
+                ierr = MPI_Iallreduce(
+                    sendbuf if sendbuf == MPI_IN_PLACE else <const char*>sendbuf + offset * stride,
+                    recvbuf + offset * stride, <int>n, red.datatype, red.op, handle,
+                    &req.handles[started])
+                if ierr == MPI_SUCCESS:
+                    started += 1
+                offset += n
+    req.nhandles = started
+    if started:
+        req.pending = True
+        _pending.add(req)
+    if ierr != MPI_SUCCESS:
+        if started:  # complete the chunks that did start before reporting the error
+            with nogil:
+                MPI_Waitall(started, req.handles, MPI_STATUSES_IGNORE)
+            req.pending = False
+            _pending.discard(req)
+        CHKERR(ierr)
+    return req
+
+
+def iallreduce_(x, op="sum", *, comm=None):
+    """Start reducing x in place over comm; returns a Request whose wait() returns x."""
+    cdef BufferView view
+    cdef MPI_Comm handle = MPI_COMM_NULL
+    cdef int code = op_code(op)
+    _resolve_comm(comm, &handle)
+    owner = acquire(x, &view, True, "x")
+    cdef const Reduction* red = get_reduction(view.kind, code)
+    return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
+                  default_comm() if comm is None else comm, x, (x, owner))
+
+
+def iallreduce(x, op="sum", *, comm=None, out=None):
+    """Start reducing x over comm into a new tensor (or `out`); returns a Request; x is kept."""
+    cdef BufferView view, result
+    cdef MPI_Comm handle = MPI_COMM_NULL
+    cdef int code = op_code(op)
+    _resolve_comm(comm, &handle)
+    owner = acquire(x, &view, False, "x")
+    cdef const Reduction* red = get_reduction(view.kind, code)
+    if out is None:
+        out = new_like(x, &view, &result)
+        out_owner = None
+    else:
+        out_owner = acquire(out, &result, True, "out")
+        check_same_layout(&view, &result)
+    return _start(_send_buffer(&view, &result, red), result.data, view.count, red, handle,
+                  default_comm() if comm is None else comm, out, (x, owner, out, out_owner))
+
+
+def wait_all(requests) -> list:
+    """Wait for every request (one MPI_Waitall, GIL released); returns their results in order."""
+    requests = list(requests)
+    cdef Request req
+    cdef int total = 0
+    for obj in requests:
+        if not isinstance(obj, Request):
+            raise TypeError(f"fastreduce: wait_all takes fastreduce Requests, not "
+                            f"{type(obj).__qualname__}")
+        req = <Request>obj
+        if req.pending:
+            req._check_comm()
+            total += req.nhandles
+    cdef MPI_Request* handles = <MPI_Request*>malloc(max(total, 1) * sizeof(MPI_Request))
+    if handles == NULL:
+        raise MemoryError("fastreduce: out of memory for MPI requests")
+    cdef int i, at = 0
+    cdef int ierr
+    try:
+        for obj in requests:
+            req = <Request>obj
+            if req.pending:
+                for i in range(req.nhandles):
+                    handles[at + i] = req.handles[i]
+                at += req.nhandles
+        with nogil:
+            ierr = MPI_Waitall(total, handles, MPI_STATUSES_IGNORE)
+        at = 0
+        for obj in requests:
+            req = <Request>obj
+            if req.pending:
+                for i in range(req.nhandles):  # completed handles are now MPI_REQUEST_NULL
+                    req.handles[i] = handles[at + i]
+                at += req.nhandles
+                req._finish(ierr)
+    finally:
+        free(handles)
+    return [(<Request>obj).result for obj in requests]
+
+
+def _complete_pending_requests() -> None:
+    """At interpreter exit, before MPI is finalized: complete every request still in flight."""
+    for req in list(_pending):
+        try:
+            req.wait()
+        except Exception:  # noqa: BLE001  (exit must go on; the error was the user's)
+            pass
+
+
+atexit.register(_complete_pending_requests)
+
+
+# --- coalesced ----------------------------------------------------------------------
+
+# One flat staging buffer per element kind, kept and grown across calls.
+cdef char* _flat[NKINDS]
+cdef size_t _flat_capacity[NKINDS]
+cdef bint _flat_busy[NKINDS]
+
+
+cdef char* _flat_buffer(int kind, size_t nbytes, bint* borrowed) except NULL:
+    """The reusable staging buffer of `kind` (grown to nbytes), or a private one if in use."""
+    cdef char* grown
+    if _flat_busy[kind]:  # another thread is inside a coalesced call
+        borrowed[0] = False
+        grown = <char*>malloc(max(nbytes, 1))
+        if grown == NULL:
+            raise MemoryError(f"fastreduce: cannot allocate a {nbytes}-byte flat buffer")
+        return grown
+    if _flat_capacity[kind] < nbytes or _flat[kind] == NULL:
+        grown = <char*>malloc(max(nbytes, 1))
+        if grown == NULL:
+            raise MemoryError(f"fastreduce: cannot allocate a {nbytes}-byte flat buffer")
+        free(_flat[kind])
+        _flat[kind] = grown
+        _flat_capacity[kind] = max(nbytes, 1)
+    _flat_busy[kind] = True
+    borrowed[0] = True
+    return _flat[kind]
+
+
+def allreduce_coalesced_(tensors, op="sum", *, comm=None):
+    """Reduce many tensors in place with one MPI call per dtype, through a reused flat buffer.
+
+    All tensors must be on one device; zero-element tensors are allowed. Returns the list.
+    """
+    tensors = list(tensors)
+    cdef MPI_Comm handle = MPI_COMM_NULL
+    cdef int code = op_code(op)
+    _resolve_comm(comm, &handle)
+    cdef int n = len(tensors)
+    if n == 0:
+        return tensors
+    cdef BufferView* views = <BufferView*>malloc(n * sizeof(BufferView))
+    if views == NULL:
+        raise MemoryError("fastreduce: out of memory")
+    cdef int i, k
+    cdef int64_t counts[NKINDS]
+    cdef const Reduction* reds[NKINDS]
+    cdef char* flat
+    cdef bint borrowed = False
+    cdef int64_t offset
+    cdef size_t nbytes
+    owners = []
+    try:
+        for k in range(NKINDS):
+            counts[k] = 0
+            reds[k] = NULL
+        for i in range(n):  # validate everything before any MPI call
+            try:
+                owners.append(acquire(tensors[i], &views[i], True, "tensor"))
+            except (TypeError, ValueError, BufferError) as exc:
+                raise type(exc)(str(exc).replace("fastreduce: tensor", f"fastreduce: tensors[{i}]",
+                                                 1)) from None
+            if (views[i].device_type != views[0].device_type
+                    or views[i].device_id != views[0].device_id):
+                raise ValueError(
+                    f"fastreduce: tensors[{i}] is on device ({views[i].device_type}, "
+                    f"{views[i].device_id}) but tensors[0] on ({views[0].device_type}, "
+                    f"{views[0].device_id}); a coalesced call takes tensors of one device")
+            if reds[views[i].kind] == NULL:
+                reds[views[i].kind] = get_reduction(views[i].kind, code)
+            counts[views[i].kind] += views[i].count
+        for k in range(NKINDS):  # kinds in a fixed order: the same MPI calls on every rank
+            if reds[k] == NULL:
+                continue
+            nbytes = counts[k] * reds[k].itemsize
+            flat = _flat_buffer(k, nbytes, &borrowed)
+            try:
+                with nogil:
+                    offset = 0
+                    for i in range(n):
+                        if views[i].kind == k and views[i].count:
+                            memcpy(flat + offset, views[i].data,
+                                   views[i].count * reds[k].itemsize)
+                            offset += views[i].count * reds[k].itemsize
+                _run(MPI_IN_PLACE, flat, counts[k], reds[k], handle)
+                with nogil:
+                    offset = 0
+                    for i in range(n):
+                        if views[i].kind == k and views[i].count:
+                            memcpy(views[i].data, flat + offset,
+                                   views[i].count * reds[k].itemsize)
+                            offset += views[i].count * reds[k].itemsize
+            finally:
+                if borrowed:
+                    _flat_busy[k] = False
+                else:
+                    free(flat)
+    finally:
+        free(views)
+    return tensors
 
 
 def _set_count_limit(int64_t limit) -> int:

@@ -12,6 +12,11 @@ cdef extern from "_mpicompat.h" nogil:
     ctypedef struct _mpi_errhandler_t
     ctypedef _mpi_errhandler_t* MPI_Errhandler
 
+    ctypedef struct _mpi_request_t
+    ctypedef _mpi_request_t* MPI_Request
+    ctypedef struct MPI_Status:
+        pass
+
     ctypedef void MPI_User_function(void*, void*, int*, MPI_Datatype*) noexcept
 
     enum: MPI_SUCCESS
@@ -22,6 +27,9 @@ cdef extern from "_mpicompat.h" nogil:
     void* MPI_IN_PLACE
     MPI_Comm MPI_COMM_NULL
     MPI_Errhandler MPI_ERRORS_RETURN
+    MPI_Request MPI_REQUEST_NULL
+    MPI_Status* MPI_STATUS_IGNORE
+    MPI_Status* MPI_STATUSES_IGNORE
 
     MPI_Datatype MPI_DATATYPE_NULL
     MPI_Datatype MPI_C_BOOL
@@ -61,6 +69,9 @@ cdef extern from "_mpicompat.h" nogil:
     int MPI_Op_free(MPI_Op*)
     int MPI_Reduce_local(const void*, void*, int, MPI_Datatype, MPI_Op)
     int MPI_Allreduce(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm)
+    int MPI_Iallreduce(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm, MPI_Request*)
+    int MPI_Waitall(int, MPI_Request*, MPI_Status*)
+    int MPI_Testall(int, MPI_Request*, int*, MPI_Status*)
 
     # _mpicompat.h
     enum: FASTREDUCE_HAVE_LARGE_COUNT
@@ -69,3 +80,5 @@ cdef extern from "_mpicompat.h" nogil:
     MPI_Datatype FR_MPIX_FLOAT16
     MPI_Datatype FR_MPIX_BFLOAT16
     int fr_allreduce_large(const void*, void*, MPI_Count, MPI_Datatype, MPI_Op, MPI_Comm)
+    int fr_iallreduce_large(const void*, void*, MPI_Count, MPI_Datatype, MPI_Op, MPI_Comm,
+                            MPI_Request*)

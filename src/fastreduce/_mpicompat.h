@@ -65,4 +65,17 @@ static inline int fr_allreduce_large(const void *sendbuf, void *recvbuf, MPI_Cou
 #endif
 }
 
+static inline int fr_iallreduce_large(const void *sendbuf, void *recvbuf, MPI_Count count,
+                                      MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                                      MPI_Request *request)
+{
+#if FASTREDUCE_HAVE_LARGE_COUNT
+  return MPI_Iallreduce_c(sendbuf, recvbuf, count, datatype, op, comm, request);
+#else
+  (void)sendbuf; (void)recvbuf; (void)count; (void)datatype; (void)op; (void)comm;
+  (void)request;
+  return MPI_ERR_COUNT;
+#endif
+}
+
 #endif /* FASTREDUCE_MPICOMPAT_H */

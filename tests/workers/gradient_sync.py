@@ -1,0 +1,128 @@
+"""GradientSync: an MLP trained a few steps matches the one-by-one reference on every rank."""
+
+from __future__ import annotations
+
+import torch
+from common import WORLD, Failures
+
+import fastreduce
+
+fails = Failures()
+p, rank = WORLD.size, WORLD.rank
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Linear(a, b, dtype=dtype) for a, b in [(6, 32), (32, 32), (32, 16), (16, 3)])
+        self.unused = torch.nn.Linear(4, 4, dtype=dtype)  # never gets a gradient
+        self.sometimes = torch.nn.Linear(3, 3, dtype=dtype)  # a gradient on some ranks only
+
+    def forward(self, x, use_sometimes):
+        for layer in self.layers[:-1]:
+            x = torch.tanh(layer(x))
+        x = self.layers[-1](x)
+        return self.sometimes(x) if use_sometimes else x
+
+
+def expect(exc_type, words, fn):
+    try:
+        fn()
+    except exc_type as exc:
+        missing = [w for w in words if w not in str(exc)]
+        fails.check(not missing, f"message {str(exc)!r} lacks {missing}")
+    except Exception as exc:  # noqa: BLE001
+        fails.check(False, f"expected {exc_type.__name__} {words}, got {exc!r}")
+    else:
+        fails.check(False, f"expected {exc_type.__name__} {words}, nothing raised")
+
+
+def train(dtype, bucket_mb, steps=4):
+    torch.manual_seed(1234 + rank)  # different initial weights: sync must make them equal
+    model = MLP(dtype)
+    reference = MLP(dtype)
+    sync = fastreduce.GradientSync(model, bucket_mb=bucket_mb)
+    reference.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    sync.attach(opt)
+    g = torch.Generator().manual_seed(99 + rank)
+    for step in range(steps):
+        x = torch.randn(8, 6, generator=g, dtype=dtype)
+        use = (step + rank) % 2 == 0
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        model(x, use).square().mean().backward()
+        reference(x, use).square().mean().backward()
+        sync.wait()
+        for prm in reference.parameters():  # the one-by-one reference
+            if prm.grad is None:
+                prm.grad = torch.zeros_like(prm)
+            fastreduce.allreduce_(prm.grad)
+            prm.grad /= p
+        for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+            if dtype == torch.float64 and p <= 2:
+                same = torch.equal(a.grad, b.grad)
+            else:  # other rank counts may combine the bucket in another order than one tensor
+                same = torch.allclose(a.grad, b.grad, rtol=1e-5 if dtype == torch.float32
+                                      else 1e-12, atol=1e-7 if dtype == torch.float32 else 1e-15)
+            fails.check(same, f"{dtype} bucket {bucket_mb} step {step}: grad of {name} "
+                              f"differs by {(a.grad - b.grad).abs().max().item():.3g}")
+        opt.step()
+        ref_opt.step()
+    flat = torch.cat([q.detach().reshape(-1).double() for q in model.parameters()])
+    everyone = WORLD.allgather(flat.numpy())
+    fails.check(all((e == everyone[0]).all() for e in everyone),
+                f"{dtype}: parameters differ across ranks")
+    return sync, model
+
+
+for dtype in (torch.float64, torch.float32):
+    for bucket_mb in (25, 0.002):  # one bucket, and many tiny ones
+        sync, model = train(dtype, bucket_mb)
+        if bucket_mb < 1:
+            fails.check(len(sync.bucket_sizes) > 3, f"buckets {sync.bucket_sizes}")
+
+# gradient accumulation under no_sync, then one synchronised backward
+torch.manual_seed(5)
+model = MLP(torch.float64)
+sync = fastreduce.GradientSync(model)
+x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+with sync.no_sync():
+    model(x, True).sum().backward()
+model(x, True).sum().backward()
+sync.wait()
+local = MLP(torch.float64)
+local.load_state_dict(model.state_dict())
+(2 * local(x, True).sum()).backward()
+w = local.layers[0].weight.grad.clone()
+fastreduce.allreduce_(w)
+fails.check(torch.allclose(model.layers[0].weight.grad, w / p, atol=1e-12), "no_sync accumulation")
+# a second backward while buckets are in flight is refused before it touches them
+torch.manual_seed(6)
+small = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+sync = fastreduce.GradientSync(small, bucket_mb=1e-5)  # a bucket per parameter
+xs = torch.randn(3, 6, generator=torch.Generator().manual_seed(rank))
+small(xs).sum().backward()
+expect(RuntimeError, ["already being reduced", "no_sync"], lambda: small(xs).sum().backward())
+sync.wait()
+ref = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+ref.load_state_dict(small.state_dict())
+ref(xs).sum().backward()
+for a, b in zip(small.parameters(), ref.parameters(), strict=True):
+    fastreduce.allreduce_(b.grad)
+    fails.check(torch.allclose(a.grad, b.grad / p, atol=1e-6), "refused backward left grads intact")
+
+# bad input
+expect(ValueError, ["bucket_mb must be positive"],
+       lambda: fastreduce.GradientSync(MLP(torch.float32), bucket_mb=0))
+expect(ValueError, ["bucket_mb must be positive"],
+       lambda: fastreduce.GradientSync(MLP(torch.float32), bucket_mb=-1))
+expect(ValueError, ["no parameters"], lambda: fastreduce.GradientSync(torch.nn.ReLU()))
+frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+expect(ValueError, ["requires grad"], lambda: fastreduce.GradientSync(frozen))
+expect(TypeError, ["torch.nn.Module"], lambda: fastreduce.GradientSync([torch.ones(2)]))
+expect(ValueError, ["'avg' or 'sum'"], lambda: fastreduce.GradientSync(MLP(torch.float32),
+                                                                        op="max"))
+fails.finish()
