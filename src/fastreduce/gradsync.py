@@ -147,7 +147,7 @@ class GradientSync:
     def _start(self, b: int) -> None:
         bucket = self._buckets[b]
         with torch.no_grad():
-            for i, p in enumerate(bucket.params):
+            for i in range(len(bucket.params)):
                 if i not in bucket.ready:  # no gradient this step: contribute zeros
                     bucket.views[i].zero_()
         bucket.request = iallreduce_(bucket.flat, self.op, comm=self.comm)

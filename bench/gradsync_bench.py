@@ -1,0 +1,206 @@
+"""Coalesced all-reduce, GradientSync training steps and compute/communication overlap.
+
+    mpiexec -n 2 python bench/gradsync_bench.py [--repeat 5] [--json FILE]
+
+Everything is measured in one MPI job, alternating the variants, and every
+ratio is taken within a run (median over runs):
+
+  coalesced     allreduce_coalesced_ of 100 float32 tensors of 1..1000 elements,
+                against 100 separate fastreduce.allreduce_ calls
+  step          one SGD training step of an MLP with 100 parameter tensors and
+                ~10M parameters: no communication; GradientSync; torch
+                DistributedDataParallel (gloo); and the C floor's time for one
+                MPI_Allreduce of all gradients (bench/floor.c)
+  overlap       a matmul loop and an iallreduce_ of 16 MiB, back to back against
+                started together (with and without test() calls between the
+                compute chunks, the progress GradientSync's hooks provide)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import fastreduce
+
+sys.path.insert(0, str(Path(__file__).parent))
+from allreduce_bench import load_floor  # noqa: E402
+
+
+def make_mlp(width: int, depth: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers)
+
+
+def timed(comm, fn, iters: int) -> float:
+    fn()
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    comm.Barrier()
+    return (time.perf_counter() - start) / iters
+
+
+def init_gloo(comm) -> None:
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=comm.rank, world_size=comm.size)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--width", type=int, default=448)
+    parser.add_argument("--depth", type=int, default=50, help="Linear layers (2 tensors each)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per run")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # one core per rank on the 2-core machine
+    comm = fastreduce.default_comm()
+    p, rank = comm.size, comm.rank
+    floor = load_floor(comm)
+    results: dict = {"ranks": p, "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+
+    # --- coalesced ------------------------------------------------------------------
+    rng = np.random.default_rng(rank)
+    tensors = [torch.from_numpy(rng.random(int(n), dtype=np.float32))
+               for n in np.random.default_rng(7).integers(1, 1001, 100)]
+
+    def separate():
+        for t in tensors:
+            fastreduce.allreduce_(t)
+
+    coalesced = {"separate": [], "coalesced": []}
+    for _ in range(args.repeat):
+        coalesced["separate"].append(timed(comm, separate, 50))
+        coalesced["coalesced"].append(
+            timed(comm, lambda: fastreduce.allreduce_coalesced_(tensors), 50))
+    speedup = statistics.median(
+        a / b for a, b in zip(coalesced["separate"], coalesced["coalesced"], strict=True))
+    results["coalesced"] = {k: statistics.median(v) * 1e6 for k, v in coalesced.items()}
+    results["coalesced"]["speedup"] = speedup
+
+    # --- training step ----------------------------------------------------------------
+    init_gloo(comm)
+    plain = make_mlp(args.width, args.depth)
+    synced = make_mlp(args.width, args.depth)
+    ddp_model = torch.nn.parallel.DistributedDataParallel(make_mlp(args.width, args.depth))
+    sync = fastreduce.GradientSync(synced)
+    n_tensors = sum(1 for _ in plain.parameters())
+    n_params = sum(q.numel() for q in plain.parameters())
+    grads = np.zeros(n_params, np.float32)
+    x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
+    variants = {}
+    for name, model in (("no communication", plain), ("GradientSync", synced),
+                        ("DDP gloo", ddp_model)):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if name == "GradientSync":
+            sync.attach(opt)
+
+        def step(model=model, opt=opt):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+
+        variants[name] = step
+    samples = {name: [] for name in [*variants, "C floor allreduce"]}
+    for _ in range(args.repeat):
+        for name, step in variants.items():
+            samples[name].append(timed(comm, step, args.steps))
+        samples["C floor allreduce"].append(
+            floor.floor_allreduce(comm.py2f(), None, grads.ctypes.data, n_params, 1, 3))
+    med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+    vs_ddp = statistics.median(a / b for a, b in zip(samples["GradientSync"],
+                                                     samples["DDP gloo"], strict=True))
+    vs_floor = statistics.median(
+        a / (b + c) for a, b, c in zip(samples["GradientSync"], samples["no communication"],
+                                       samples["C floor allreduce"], strict=True))
+    results["step_ms"] = med
+    results["step"] = {"tensors": n_tensors, "parameters": n_params, "batch": args.batch,
+                       "GradientSync / DDP gloo": vs_ddp,
+                       "GradientSync / (no comm + C floor)": vs_floor,
+                       "buckets": sync.bucket_sizes}
+    dist.destroy_process_group()
+
+    # --- overlap ------------------------------------------------------------------------
+    a = torch.randn(256, 256)
+    buf = torch.zeros(4 << 20)  # 16 MiB
+
+    def compute(chunks=8, poke=None):
+        for _ in range(chunks):
+            for _ in range(6):
+                a @ a
+            if poke is not None:
+                poke.test()
+
+    def back_to_back():
+        fastreduce.allreduce_(buf)
+        compute()
+
+    def overlapped(poke_progress):
+        req = fastreduce.iallreduce_(buf)
+        compute(poke=req if poke_progress else None)
+        req.wait()
+
+    over = {"compute": [], "allreduce": [], "back to back": [], "overlapped": [],
+            "overlapped + test()": []}
+    for _ in range(args.repeat):
+        over["compute"].append(timed(comm, compute, 5))
+        over["allreduce"].append(timed(comm, lambda: fastreduce.allreduce_(buf), 5))
+        over["back to back"].append(timed(comm, back_to_back, 5))
+        over["overlapped"].append(timed(comm, lambda: overlapped(False), 5))
+        over["overlapped + test()"].append(timed(comm, lambda: overlapped(True), 5))
+    results["overlap_ms"] = {k: statistics.median(v) * 1e3 for k, v in over.items()}
+    results["overlap"] = {
+        k: statistics.median(o / b for o, b in zip(over[k], over["back to back"], strict=True))
+        for k in ("overlapped", "overlapped + test()")}
+
+    if rank == 0:
+        print(f"# fastreduce {fastreduce.__version__} gradient-sync benchmark: {p} ranks, "
+              f"{results['mpi']}, torch {torch.__version__}, median of {args.repeat} runs")
+        c = results["coalesced"]
+        print(f"coalesced: 100 tensors, separate {c['separate']:.1f} us, coalesced "
+              f"{c['coalesced']:.1f} us, speedup {c['speedup']:.1f}x (target >= 10x)")
+        s = results["step"]
+        print(f"step: MLP with {s['tensors']} tensors, {s['parameters']} parameters, batch "
+              f"{s['batch']}; buckets {s['buckets']}")
+        for k, v in results["step_ms"].items():
+            print(f"  {k:20s} {v:9.2f} ms")
+        print(f"  GradientSync / DDP gloo            {s['GradientSync / DDP gloo']:.2f} "
+              f"(target <= 0.5)")
+        print(f"  GradientSync / (no comm + C floor) "
+              f"{s['GradientSync / (no comm + C floor)']:.2f} (target <= 1.1)")
+        print("overlap: 16 MiB iallreduce_ with a matmul loop")
+        for k, v in results["overlap_ms"].items():
+            print(f"  {k:20s} {v:9.2f} ms")
+        for k, v in results["overlap"].items():
+            print(f"  {k} / back to back: {v:.2f} (target <= 1.05)")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
