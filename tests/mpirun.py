@@ -43,6 +43,24 @@ def launcher_env() -> dict[str, str]:
     return env
 
 
+def run_mpi(nprocs: int, *command: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[int, str]:
+    """Run `command` (after the launcher and -n) on `nprocs` ranks; (exit status, output).
+
+    A hang fails the test with every rank's output, like run_workers.
+    """
+    cmd = [*mpiexec(), "-n", str(nprocs), *command]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=launcher_env(), start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"{' '.join(command)} on {nprocs} ranks hung for {timeout:.0f}s "
+                             f"and was killed; output of every rank:\n{output}") from None
+    return proc.returncode, output
+
+
 def run_workers(script: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIMEOUT) -> str:
     """Run tests/workers/<script> on `nprocs` ranks; fail with all output on error or hang.
 

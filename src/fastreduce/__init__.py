@@ -11,6 +11,7 @@ from . import _abi
 
 _abi.check()  # before any MPI call through a possibly mismatched library
 
+from . import runtime  # noqa: E402, F401  (fastreduce.runtime without an import)
 from ._buffer import result_cache_info, set_result_cache_limit  # noqa: E402
 from ._collectives import (  # noqa: E402
     HAVE_LARGE_COUNT,
@@ -27,6 +28,7 @@ from ._errors import build_mpi  # noqa: E402
 from ._ops import OP_NAMES, half_precision_paths, supports  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .partition import CartesianPartition, Partition  # noqa: E402
+from .runtime import cuda_aware, local_rank, local_size, set_cuda_aware  # noqa: E402
 
 # The torch layers load torch only when first used, so the core works without it.
 _TORCH_ATTRIBUTES = {
@@ -40,7 +42,7 @@ _TORCH_ATTRIBUTES = {
 def __getattr__(name: str):
     import importlib
 
-    if name in ("nn", "autograd", "gradsync"):
+    if name in ("nn", "autograd", "gradsync", "bench", "info"):
         value = importlib.import_module(f".{name}", __name__)
     elif name in _TORCH_ATTRIBUTES:
         module = importlib.import_module(f".{_TORCH_ATTRIBUTES[name]}", __name__)
@@ -63,13 +65,17 @@ __all__ = [
     "allreduce",
     "allreduce_",
     "allreduce_coalesced_",
+    "cuda_aware",
     "build_mpi",
     "default_comm",
     "Partition",
     "half_precision_paths",
     "iallreduce",
     "iallreduce_",
+    "local_rank",
+    "local_size",
     "result_cache_info",
+    "set_cuda_aware",
     "set_result_cache_limit",
     "supports",
     "wait_all",

@@ -1,0 +1,439 @@
+"""fastreduce-bench: an osu_allreduce / nccl-tests style all-reduce benchmark.
+
+    mpiexec -n 4 fastreduce-bench -b 8 -e 128M -f 2
+    srun -n 8 --mpi=pmix fastreduce-bench -d bfloat16 -o sum --partition 2x4 --axes 1
+    python -m fastreduce.bench --help
+
+For each size: a barrier, warm-up, timed iterations, latency (avg/min/max over
+ranks), algbw = bytes / time, busbw = algbw * 2(p-1)/p, and a correctness
+check after timing (#wrong: wrong elements over all ranks). The exit status is
+1 when anything was wrong, 2 on a usage error (reported by rank 0; every rank
+exits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["main"]
+
+ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "complex64": 8,
+            "complex128": 16, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1,
+            "bool": 1}
+DTYPES = tuple(ITEMSIZE)
+OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+
+
+class UsageError(Exception):
+    """Bad arguments: every rank finds the same, rank 0 says so, all exit with status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise UsageError(f"size {text!r}: give bytes, optionally with K, M or G") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fastreduce-bench", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-b", "--minbytes", default="4", help="smallest message (4, 1K, 1M)")
+    parser.add_argument("-e", "--maxbytes", default="64M", help="largest message")
+    parser.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor")
+    parser.add_argument("-d", "--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("-o", "--op", default="sum", choices=OPS)
+    parser.add_argument("-n", "--iters", type=int, default=0,
+                        help="timed iterations (default 1000 up to 64 KiB, fewer above)")
+    parser.add_argument("-w", "--warmup", type=int, default=0,
+                        help="warm-up iterations (default a tenth of the timed ones)")
+    parser.add_argument("--out-of-place", action="store_true",
+                        help="allreduce(x) into a new tensor (default: in place, allreduce_)")
+    parser.add_argument("--buffers", default="torch", choices=("torch", "numpy"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--nonblocking", action="store_true",
+                        help="iallreduce + wait instead of the blocking call")
+    parser.add_argument("--partition", help="a Cartesian partition of the ranks, e.g. 2x2x3")
+    parser.add_argument("--axes", help="reduce over these axes of --partition, e.g. 1,2")
+    parser.add_argument("--peers", default="", help="also time mpi4py and/or torch (gloo): "
+                        "--peers mpi4py,torch")
+    parser.add_argument("--json", help="write every number to this file (rank 0)")
+    parser.add_argument("--csv", help="write the table to this CSV file (rank 0)")
+    parser.add_argument("--plot", help="draw latency and busbw against size into this PNG "
+                        "(needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line")
+    parser.add_argument("--inject-wrong", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def sizes_from(args, itemsize: int) -> list[int]:
+    begin, end = parse_size(args.minbytes), parse_size(args.maxbytes)
+    if begin <= 0 or end <= 0:
+        raise UsageError("sizes must be positive")
+    if begin > end:
+        raise UsageError(f"the size range is reversed: -b {args.minbytes} is above "
+                         f"-e {args.maxbytes}")
+    if args.stepfactor <= 1:
+        raise UsageError("-f/--stepfactor must be above 1")
+    out, n = [], begin
+    while n <= end:
+        bytes_ = max(itemsize, n // itemsize * itemsize)
+        if not out or bytes_ != out[-1]:
+            out.append(bytes_)
+        n = int(math.ceil(n * args.stepfactor))
+    return out
+
+
+def check_args(args, world_size: int):
+    """Every check needs only the arguments and the world size: all ranks agree."""
+    import fastreduce
+
+    if not fastreduce.supports(args.dtype, args.op):
+        raise UsageError(f"op {args.op!r} is not defined for dtype {args.dtype}")
+    if args.device == "cuda":
+        raise UsageError("--device cuda: this fastreduce reduces host memory only")
+    if args.buffers == "numpy" and args.dtype == "bfloat16":
+        raise UsageError("numpy has no bfloat16: use --buffers torch")
+    for n in (args.iters, args.warmup):
+        if n < 0:
+            raise UsageError("iteration counts cannot be negative")
+    shape = axes = None
+    if args.partition:
+        try:
+            shape = [int(v) for v in args.partition.lower().split("x")]
+        except ValueError:
+            raise UsageError(f"--partition {args.partition!r}: give a shape like 2x2x3") from None
+        if any(n < 1 for n in shape) or math.prod(shape) != world_size:
+            raise UsageError(f"--partition {args.partition} has {math.prod(shape)} workers but "
+                             f"{world_size} ranks are running")
+        try:
+            axes = [int(v) for v in args.axes.split(",")] if args.axes else list(range(len(shape)))
+        except ValueError:
+            raise UsageError(f"--axes {args.axes!r}: give axes like 1,2") from None
+        if any(not 0 <= a < len(shape) for a in axes) or len(set(axes)) != len(axes):
+            raise UsageError(f"--axes {args.axes}: axes must be distinct and within "
+                             f"0..{len(shape) - 1}")
+    elif args.axes:
+        raise UsageError("--axes needs --partition")
+    peers = [p for p in args.peers.split(",") if p]
+    if any(p not in ("mpi4py", "torch") for p in peers):
+        raise UsageError(f"--peers {args.peers!r}: choose from mpi4py, torch")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
+    return shape, axes, peers
+
+
+def make_buffer(kind: str, dtype: str, count: int):
+    if kind == "numpy":
+        return np.zeros(count, dtype=dtype)
+    import torch
+
+    return torch.zeros(count, dtype=getattr(torch, dtype))
+
+
+def fill(buf, values: np.ndarray) -> None:
+    if isinstance(buf, np.ndarray):
+        buf[:] = values.astype(buf.dtype)
+    else:
+        import torch
+
+        buf.copy_(torch.from_numpy(values).to(buf.dtype))
+
+
+def as_numpy(buf) -> np.ndarray:
+    if isinstance(buf, np.ndarray):
+        return buf
+    import torch
+
+    if buf.dtype == torch.bfloat16:
+        buf = buf.float()
+    return buf.numpy()
+
+
+def rank_values(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
+    """Small, exactly representable inputs of one rank for the correctness check."""
+    if dtype == "bool":
+        return (np.arange(count) + rank) % 3 != 0
+    if op in ("band", "bor", "bxor"):
+        return ((np.arange(count) + rank) % 7 + 1).astype(np.int64)
+    if op == "prod":
+        return np.where((np.arange(count) + rank) % 5 == 0, 2.0, 1.0)
+    return ((np.arange(count) + rank) % 4 + 1).astype(np.float64)
+
+
+def expected(dtype: str, op: str, size: int, count: int) -> np.ndarray:
+    stack = np.stack([rank_values(dtype, op, r, count) for r in range(size)])
+    if op in ("sum", "avg"):
+        out = stack.sum(axis=0)
+        return out / size if op == "avg" else out
+    if op == "prod":
+        return stack.prod(axis=0)
+    if op == "min":
+        return stack.min(axis=0)
+    if op == "max":
+        return stack.max(axis=0)
+    logical = stack.dtype == bool
+    fn = {"band": np.logical_and if logical else np.bitwise_and,
+          "bor": np.logical_or if logical else np.bitwise_or,
+          "bxor": np.logical_xor if logical else np.bitwise_xor}[op]
+    return fn.reduce(stack, axis=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mpi4py import MPI
+
+    import fastreduce
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    parser = build_parser()
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        shape, axes, peers = check_args(args, world.Get_size())
+        itemsize = ITEMSIZE[args.dtype]
+        sizes = sizes_from(args, itemsize)
+    except UsageError as exc:
+        if rank == 0:
+            parser.print_usage(sys.stderr)
+            print(f"fastreduce-bench: error: {exc}", file=sys.stderr)
+        return 2
+    if shape is not None:
+        P = fastreduce.Partition().create_cartesian_topology_partition(shape)
+        comm = P.sub(axes)
+        where = f"partition {shape}, axes {tuple(axes)} ({comm.Get_size()} ranks per group)"
+    else:
+        comm = fastreduce.default_comm()
+        where = "all ranks"
+    p = comm.Get_size()
+    gloo = None
+    if "torch" in peers:
+        gloo = _init_gloo(world)
+    aware, how = fastreduce.runtime.cuda_aware()
+    nodes = len(set(world.allgather(MPI.Get_processor_name())))
+    meta = {
+        "fastreduce": fastreduce.__version__,
+        "mpi": MPI.Get_library_version().strip().splitlines()[0].strip(),
+        "ranks": world.Get_size(), "nodes": nodes, "communicator": where,
+        "device": args.device, "buffers": args.buffers, "dtype": args.dtype, "op": args.op,
+        "mode": ("out of place" if args.out_of_place else "in place")
+        + (", non-blocking" if args.nonblocking else ", blocking"),
+        "cuda_aware": f"{'yes' if aware else 'no'} ({how})",
+        "torch": _torch_version(),
+    }
+    if rank == 0:
+        print(f"# fastreduce-bench: fastreduce {meta['fastreduce']}, torch {meta['torch']}")
+        print(f"# MPI: {meta['mpi']}")
+        print(f"# {meta['ranks']} ranks on {meta['nodes']} node(s); communicator: {where}")
+        print(f"# device {args.device}, {args.buffers} buffers, {meta['mode']}; "
+              f"CUDA-aware: {meta['cuda_aware']}")
+        peer_head = "".join(f" {name + '(us)':>13}" for name in peers)
+        print(f"#{'size(B)':>11} {'count':>10} {'type':>9} {'redop':>6} {'avg(us)':>10} "
+              f"{'min(us)':>10} {'max(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
+              f"{'#wrong':>7}{peer_head}")
+    rows = []
+    started = time.perf_counter()
+    for index, nbytes in enumerate(sizes):
+        count = max(1, nbytes // itemsize)
+        row = _measure(args, comm, count, nbytes, p, peers, gloo)
+        rows.append(row)
+        if rank == 0:
+            peer_cells = "".join(f" {row['peers'][name]:13.2f}" for name in peers)
+            print(f" {nbytes:>11} {count:>10} {args.dtype:>9} {args.op:>6} "
+                  f"{row['avg_us']:10.2f} {row['min_us']:10.2f} {row['max_us']:10.2f} "
+                  f"{row['algbw']:12.3f} {row['busbw']:12.3f} {row['wrong']:>7}{peer_cells}",
+                  flush=True)
+            if not args.no_progress and time.perf_counter() - started > 2:
+                print(f"# progress: {index + 1}/{len(sizes)} sizes, "
+                      f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    wrong = sum(r["wrong"] for r in rows)
+    if rank == 0:
+        print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'WRONG'}")
+        print(f"# Avg bus bandwidth    : {np.mean([r['busbw'] for r in rows]):.3f} GB/s")
+        _write_outputs(args, meta, rows, peers)
+    if gloo is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 1 if wrong else 0
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "not installed"
+    return torch.__version__
+
+
+def _init_gloo(world):
+    import socket
+
+    import torch.distributed as dist
+
+    port = None
+    if world.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = world.bcast(port)
+    host = world.bcast(socket.gethostname() if world.Get_rank() == 0 else None)
+    address = "127.0.0.1" if host == socket.gethostname() else host
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}",
+                            rank=world.Get_rank(), world_size=world.Get_size())
+    return dist.group.WORLD
+
+
+def _iterations(args, nbytes: int) -> tuple[int, int]:
+    iters = args.iters or (1000 if nbytes <= 64 << 10 else
+                           max(10, 100 * (1 << 20) // max(nbytes, 1 << 20)))
+    return iters, args.warmup or max(2, iters // 10)
+
+
+def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
+    import fastreduce
+
+    x = make_buffer(args.buffers, args.dtype, count)
+    iters, warmup = _iterations(args, nbytes)
+    op = args.op
+    if args.nonblocking:
+        start = fastreduce.iallreduce if args.out_of_place else fastreduce.iallreduce_
+
+        def call():
+            start(x, op, comm=comm).wait()
+    elif args.out_of_place:
+        def call():
+            fastreduce.allreduce(x, op, comm=comm)
+    else:
+        def call():
+            fastreduce.allreduce_(x, op, comm=comm)
+    t = _time(comm, call, iters, warmup)
+    times = comm.allgather(t)
+    avg = sum(times) / len(times)
+    bus = 2 * (p - 1) / p if p > 1 else 0.0
+    row = {"bytes": nbytes, "count": count, "avg_us": avg * 1e6, "min_us": min(times) * 1e6,
+           "max_us": max(times) * 1e6, "algbw": nbytes / avg / 1e9,
+           "busbw": nbytes / avg / 1e9 * bus, "peers": {}}
+    # correctness after timing
+    fill(x, rank_values(args.dtype, op, comm.Get_rank(), count))
+    if args.nonblocking:
+        result = start(x, op, comm=comm).wait()
+    elif args.out_of_place:
+        result = fastreduce.allreduce(x, op, comm=comm)
+    else:
+        result = fastreduce.allreduce_(x, op, comm=comm)
+    got = as_numpy(result).astype(np.float64 if args.dtype != "bool" else bool)
+    want = expected(args.dtype, op, p, count)
+    if args.dtype not in ("bool",):
+        want = as_numpy(_rounded(args.buffers, args.dtype, want)).astype(np.float64)
+    if args.inject_wrong and comm.Get_rank() == 0:
+        got = got.copy()
+        got[0] = not got[0] if got.dtype == bool else got[0] + 1
+    mine = int(np.count_nonzero(got != want))
+    row["wrong"] = comm.allreduce(mine)
+    for name in peers:
+        row["peers"][name] = _time_peer(name, args, comm, count, iters, warmup, gloo) * 1e6
+    return row
+
+
+def _rounded(buffers: str, dtype: str, values: np.ndarray):
+    buf = make_buffer(buffers, dtype, values.size)
+    fill(buf, values)
+    return buf
+
+
+def _time(comm, fn, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start) / iters
+
+
+def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo) -> float:
+    from mpi4py import MPI
+
+    if name == "mpi4py":
+        ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+               "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR, "avg": MPI.SUM}
+        buf = np.zeros(count, dtype="float32" if args.dtype == "bfloat16" else args.dtype)
+        t = _time(comm, lambda: comm.Allreduce(MPI.IN_PLACE, buf, ops[args.op]), iters, warmup)
+    else:
+        import torch
+        import torch.distributed as dist
+
+        ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+               "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.SUM,
+               "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+        t_buf = torch.zeros(count, dtype=getattr(torch, args.dtype))
+        # torch.distributed reduces over the whole world: with --partition this column
+        # is the world-wide all-reduce, which the JSON says
+        t = _time(comm, lambda: dist.all_reduce(t_buf, ops[args.op], group=gloo), iters, warmup)
+    return comm.allreduce(t) / comm.Get_size()
+
+
+def _write_outputs(args, meta: dict, rows: list[dict], peers) -> None:
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["size_bytes", "count", "dtype", "op", "avg_us", "min_us", "max_us",
+                             "algbw_GBps", "busbw_GBps", "wrong", *[f"{p}_us" for p in peers]])
+            for r in rows:
+                writer.writerow([r["bytes"], r["count"], args.dtype, args.op, r["avg_us"],
+                                 r["min_us"], r["max_us"], r["algbw"], r["busbw"], r["wrong"],
+                                 *[r["peers"][p] for p in peers]])
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        sizes = [r["bytes"] for r in rows]
+        fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4.2))
+        lat.loglog(sizes, [r["avg_us"] for r in rows], "o-", label="fastreduce")
+        for name in peers:
+            lat.loglog(sizes, [r["peers"][name] for r in rows], "s--", label=name)
+        lat.set_xlabel("message size (bytes)")
+        lat.set_ylabel("latency (us)")
+        lat.legend()
+        lat.grid(True, which="both", alpha=0.3)
+        bus = 2 * (meta["ranks"] - 1) / meta["ranks"] if meta["ranks"] > 1 else 0
+        bw.semilogx(sizes, [r["busbw"] for r in rows], "o-", label="fastreduce")
+        for name in peers:
+            bw.semilogx(sizes, [r["bytes"] / (r["peers"][name] * 1e-6) / 1e9 * bus
+                                for r in rows], "s--", label=name)
+        bw.set_xlabel("message size (bytes)")
+        bw.set_ylabel("busbw (GB/s)")
+        bw.legend()
+        bw.grid(True, which="both", alpha=0.3)
+        fig.suptitle(f"all-reduce {meta['dtype']} {meta['op']}, {meta['ranks']} ranks, "
+                     f"{meta['mpi'][:60]}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""fastreduce-bench and fastreduce-info as users run them: under mpiexec, no helper runner."""
+
+import csv
+import json
+import re
+import sys
+
+import pytest
+from mpirun import run_mpi
+
+BENCH = (sys.executable, "-m", "fastreduce.bench")
+COLUMNS = ["size(B)", "count", "type", "redop", "avg(us)", "min(us)", "max(us)", "algbw(GB/s)",
+           "busbw(GB/s)", "#wrong"]
+
+
+def table_rows(output: str) -> list[list[str]]:
+    return [line.split() for line in output.splitlines() if re.match(r"^ +\d+ +\d+ ", line)]
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_columns_outputs_and_plot(nprocs, tmp_path):
+    js, cs, png = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
+    rc, out = run_mpi(nprocs, *BENCH, "-b", "4", "-e", "64K", "-f", "4", "-n", "20",
+                      "--json", str(js), "--csv", str(cs), "--plot", str(png),
+                      "--peers", "mpi4py")
+    assert rc == 0, out
+    header = next(line for line in out.splitlines() if line.startswith("#") and "redop" in line)
+    assert header.lstrip("#").split()[:10] == COLUMNS
+    assert "MPI:" in out and f"{nprocs} ranks on 1 node(s)" in out and "CUDA-aware:" in out
+    rows = table_rows(out)
+    assert [int(r[0]) for r in rows] == [4, 16, 64, 256, 1024, 4096, 16384, 65536]
+    assert all(r[9] == "0" for r in rows)
+    assert re.search(r"# Avg bus bandwidth +: [0-9.]+ GB/s", out)
+    data = json.loads(js.read_text())
+    assert len(data["rows"]) == 8 and data["meta"]["ranks"] == nprocs
+    assert all(r["peers"]["mpi4py"] > 0 for r in data["rows"])
+    with cs.open() as f:
+        lines = list(csv.reader(f))
+    assert lines[0][:10] == ["size_bytes", "count", "dtype", "op", "avg_us", "min_us",
+                             "max_us", "algbw_GBps", "busbw_GBps", "wrong"]
+    assert len(lines) == 9
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("options", [
+    ["-d", "bfloat16", "-o", "max"],
+    ["-d", "int32", "-o", "bxor", "--buffers", "numpy"],
+    ["-d", "float64", "-o", "avg", "--out-of-place", "--nonblocking"],
+    ["-d", "bool", "-o", "bor", "--partition", "2x2", "--axes", "1"],
+    ["-d", "float16", "--partition", "4", "--peers", "torch"],
+])
+def test_modes(options):
+    rc, out = run_mpi(4, *BENCH, "-b", "2", "-e", "4K", "-f", "8", "-n", "10", *options)
+    assert rc == 0, out
+    rows = table_rows(out)
+    assert rows and all(r[9] == "0" for r in rows), out
+
+
+def test_wrong_results_are_counted_and_fail_the_run():
+    rc, out = run_mpi(2, *BENCH, "-b", "4", "-e", "1K", "-n", "5", "--inject-wrong")
+    assert rc == 1, out
+    assert all(int(r[9]) > 0 for r in table_rows(out))
+    assert "WRONG" in out
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["-b", "1M", "-e", "4K"], "size range is reversed"),
+    (["-b", "zz"], "size 'zz'"),
+    (["-d", "int32", "-o", "avg"], "op 'avg' is not defined for dtype int32"),
+    (["-d", "complex64", "-o", "max"], "op 'max' is not defined for dtype complex64"),
+    (["--partition", "3x3"], "has 9 workers but 4 ranks"),
+    (["--partition", "2x2", "--axes", "2"], "--axes 2"),
+    (["--axes", "1"], "--axes needs --partition"),
+    (["--device", "cuda"], "host memory only"),
+])
+def test_usage_errors_exit_every_rank(options, message):
+    rc, out = run_mpi(4, *BENCH, *options, timeout=120)
+    assert rc == 2, out
+    assert out.count("fastreduce-bench: error:") == 1, out  # rank 0 alone reports it
+    assert message in out, out
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_info_prints_every_field(nprocs):
+    rc, out = run_mpi(nprocs, sys.executable, "-m", "fastreduce.info")
+    assert rc == 0, out
+    for field in ("fastreduce", "mpi4py", "torch", "built against", "running on",
+                  "linked libmpi", "MPI standard", "thread level", "large counts",
+                  "16-bit floats", "CUDA-aware", "torch buffers", "size", "ranks"):
+        assert re.search(rf"^ *{re.escape(field)} : \S", out, re.M), (field, out)
+    assert len(re.findall(r"\d+@\S+ \(local \d+/\d+\)", out)) == nprocs, out
+    assert f"local {nprocs - 1}/{nprocs}" in out
