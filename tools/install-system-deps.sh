@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The system packages the Slurm tests need (Debian/Ubuntu, as root): a single-node
+# Slurm and the system Open MPI that speaks PMIx to it. Without root this says so and
+# does nothing; the Slurm tests then skip with the reason (outside CI).
+set -euo pipefail
+packages=(slurmctld slurmd slurm-client libpmix2 libpmix-dev openmpi-bin libopenmpi-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+  echo "install-system-deps: not root or no apt-get; Slurm tests will skip (${missing[*]})" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
