@@ -67,19 +67,8 @@ def run_workers(script: str, nprocs: int, *args: str, timeout: float = DEFAULT_T
     `python -m mpi4py` makes an uncaught exception on one rank abort the whole
     job instead of leaving the other ranks waiting in a collective.
     """
-    cmd = [*mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py",
-           str(WORKERS / script), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=launcher_env(), start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(
-            f"{script} on {nprocs} ranks hung for {timeout:.0f}s and was killed; "
-            f"output of every rank:\n{output}") from None
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"{script} on {nprocs} ranks exited with {proc.returncode}:\n{output}")
+    rc, output = run_mpi(nprocs, sys.executable, "-m", "mpi4py", str(WORKERS / script), *args,
+                         timeout=timeout)
+    if rc != 0:
+        raise AssertionError(f"{script} on {nprocs} ranks exited with {rc}:\n{output}")
     return output

@@ -87,7 +87,8 @@ class SlurmCluster:
             os.killpg(proc.pid, signal.SIGKILL)
             subprocess.run(["scancel", "--user", "root"], env=self.env, capture_output=True)
             out, _ = proc.communicate()
-            raise AssertionError(f"{' '.join(cmd)} hung for {timeout}s:\n{out}\n{self.logs()}")
+            raise AssertionError(
+                f"{' '.join(cmd)} hung for {timeout}s:\n{out}\n{self.logs()}") from None
         return proc.returncode, out
 
     def stop(self) -> None:

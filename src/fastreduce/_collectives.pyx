@@ -93,14 +93,34 @@ cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction
     return 0
 
 
+cdef inline object _prepare(object x, object op, object comm, bint writable,
+                            BufferView* view, MPI_Comm* handle, const Reduction** red):
+    """Validate op, comm and x (in that order, before any MPI call); returns x's owner."""
+    cdef int code = op_code(op)
+    _resolve_comm(comm, handle)
+    owner = acquire(x, view, writable, "x")
+    red[0] = get_reduction(view.kind, code)
+    return owner
+
+
+cdef inline object _prepare_out(object x, object out, BufferView* view, BufferView* result):
+    """A new result like x, or the validated `out`; fills `result` and returns the result.
+
+    `out` itself keeps its memory alive: an export that is a copy is refused for writing.
+    """
+    if out is None:
+        return new_like(x, view, result)
+    acquire(out, result, True, "out")
+    check_same_layout(view, result)
+    return out
+
+
 def allreduce_(x, op="sum", *, comm=None):
     """Reduce x over all ranks of comm in place (MPI_IN_PLACE) and return x."""
     cdef BufferView view
     cdef MPI_Comm handle = MPI_COMM_NULL
-    cdef int code = op_code(op)
-    _resolve_comm(comm, &handle)
-    _owner = acquire(x, &view, True, "x")
-    cdef const Reduction* red = get_reduction(view.kind, code)
+    cdef const Reduction* red = NULL
+    _owner = _prepare(x, op, comm, True, &view, &handle, &red)
     _run(MPI_IN_PLACE, view.data, view.count, red, handle)
     return x
 
@@ -121,16 +141,9 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     """Return the reduction of x over all ranks of comm, in a new tensor or in `out`; x is kept."""
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
-    cdef int code = op_code(op)
-    _resolve_comm(comm, &handle)
-    _owner = acquire(x, &view, False, "x")
-    cdef const Reduction* red = get_reduction(view.kind, code)
-    if out is None:
-        out = new_like(x, &view, &result)
-        _out_owner = None
-    else:
-        _out_owner = acquire(out, &result, True, "out")
-        check_same_layout(&view, &result)
+    cdef const Reduction* red = NULL
+    _owner = _prepare(x, op, comm, False, &view, &handle, &red)
+    out = _prepare_out(x, out, &view, &result)
     _run(_send_buffer(&view, &result, red), result.data, view.count, red, handle)
     return out
 
@@ -286,10 +299,8 @@ def iallreduce_(x, op="sum", *, comm=None):
     """Start reducing x in place over comm; returns a Request whose wait() returns x."""
     cdef BufferView view
     cdef MPI_Comm handle = MPI_COMM_NULL
-    cdef int code = op_code(op)
-    _resolve_comm(comm, &handle)
-    owner = acquire(x, &view, True, "x")
-    cdef const Reduction* red = get_reduction(view.kind, code)
+    cdef const Reduction* red = NULL
+    owner = _prepare(x, op, comm, True, &view, &handle, &red)
     return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
                   default_comm() if comm is None else comm, x, (x, owner))
 
@@ -298,18 +309,11 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     """Start reducing x over comm into a new tensor (or `out`); returns a Request; x is kept."""
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
-    cdef int code = op_code(op)
-    _resolve_comm(comm, &handle)
-    owner = acquire(x, &view, False, "x")
-    cdef const Reduction* red = get_reduction(view.kind, code)
-    if out is None:
-        out = new_like(x, &view, &result)
-        out_owner = None
-    else:
-        out_owner = acquire(out, &result, True, "out")
-        check_same_layout(&view, &result)
+    cdef const Reduction* red = NULL
+    owner = _prepare(x, op, comm, False, &view, &handle, &red)
+    out = _prepare_out(x, out, &view, &result)
     return _start(_send_buffer(&view, &result, red), result.data, view.count, red, handle,
-                  default_comm() if comm is None else comm, out, (x, owner, out, out_owner))
+                  default_comm() if comm is None else comm, out, (x, owner, out))
 
 
 def wait_all(requests) -> list:

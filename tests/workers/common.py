@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import traceback
 
+import numpy as np
 from mpi4py import MPI
 
 WORLD = MPI.COMM_WORLD
@@ -29,6 +30,23 @@ class Failures:
         except Exception:
             self.items.append(f"{name}:\n{traceback.format_exc()}")
 
+    def expect(self, exc_type, words, fn, *unchanged) -> None:
+        """fn() must raise exc_type with every word in its message, leaving `unchanged` as is."""
+        before = [_snapshot(o) for o in unchanged]
+        try:
+            fn()
+        except exc_type as exc:
+            missing = [w for w in words if w not in str(exc)]
+            self.check(not missing, f"message {str(exc)!r} lacks {missing}")
+        except Exception as exc:  # noqa: BLE001
+            self.check(False, f"expected {exc_type.__name__} with {words}, got {exc!r}")
+        else:
+            self.check(False, f"expected {exc_type.__name__} with {words}, nothing raised")
+        after = [_snapshot(o) for o in unchanged]
+        self.check(all(np.array_equal(a, b, equal_nan=True)
+                       for a, b in zip(before, after, strict=True)),
+                   f"a rejected call ({words}) modified its tensors")
+
     def finish(self) -> None:
         total = WORLD.allreduce(len(self.items))
         checks = WORLD.allreduce(self.checks)
@@ -40,3 +58,8 @@ class Failures:
         if checks == 0:
             sys.exit(3)
         sys.exit(1 if total else 0)
+
+
+def _snapshot(obj) -> np.ndarray:
+    """A copy of a tensor's values (torch, numpy, or a test producer with .array)."""
+    return np.array(np.asarray(getattr(obj, "array", obj)))

@@ -12,17 +12,7 @@ fails = Failures()
 p, rank = WORLD.size, WORLD.rank
 
 
-def expect(exc_type, words, fn):
-    try:
-        fn()
-    except exc_type as exc:
-        missing = [w for w in words if w not in str(exc)]
-        fails.check(not missing, f"message {str(exc)!r} lacks {missing}")
-    except Exception as exc:  # noqa: BLE001
-        fails.check(False, f"expected {exc_type.__name__} {words}, got {exc!r}")
-    else:
-        fails.check(False, f"expected {exc_type.__name__} {words}, nothing raised")
-
+expect = fails.expect
 
 world = fastreduce.Partition()
 fails.check(world.active and world.size == p and world.rank == rank, "world partition")
