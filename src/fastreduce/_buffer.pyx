@@ -8,6 +8,9 @@ from cpython.ref cimport Py_DECREF
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 
+cdef extern from "<stdlib.h>" nogil:
+    int posix_memalign(void** memptr, size_t alignment, size_t size)
+
 from ._dlpack cimport (
     DLPACK_FLAG_BITMASK_IS_COPIED, DLPACK_FLAG_BITMASK_READ_ONLY, DLManagedTensor,
     DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor, kDLCPU, kDLCUDA, kDLCUDAHost,
@@ -30,8 +33,8 @@ cdef extern from "_hostpool.h" nogil:
 
 ctypedef struct PooledTensor:
     DLManagedTensorVersioned managed  # first: the deleter casts back to PooledTensor
-    size_t block_size
-    # followed by ndim shape and ndim strides (int64_t)
+    size_t block_size                 # a cached block's size; 0: data follows the header
+    # followed by ndim shape and ndim strides (int64_t), then, for small results, the data
 
 # The exchange API of each type seen so far (0: none). The dict holds the types,
 # so the one-entry cache's raw type pointer cannot dangle.
@@ -187,7 +190,8 @@ cdef void _collect_error(void* ctx, const char* kind, const char* message) noexc
 
 cdef void _give_back_block(DLManagedTensorVersioned* managed) noexcept nogil:
     cdef PooledTensor* ctx = <PooledTensor*>managed
-    fr_pool_give(managed.dl_tensor.data, ctx.block_size)
+    if ctx.block_size:
+        fr_pool_give(managed.dl_tensor.data, ctx.block_size)
     free(ctx)
 
 
@@ -198,18 +202,30 @@ cdef void _fill_result_view(BufferView* view, BufferView* out, char* data,
     out.api = api
 
 
-cdef object _pooled_result(BufferView* view, const DLPackExchangeAPI* api, BufferView* out):
-    """A new framework tensor over a cached page-aligned block (see _hostpool.h)."""
+cdef object _host_result(BufferView* view, const DLPackExchangeAPI* api, BufferView* out):
+    """A new framework tensor over memory of ours, handed over through DLPack.
+
+    Small results share one 64-byte-aligned allocation with their descriptor (one
+    malloc, cheaper than the framework's own allocator path); results of
+    FR_POOL_MIN_BYTES and more take a cached page-aligned block (see _hostpool.h).
+    """
     cdef int ndim = view.ndim
-    cdef PooledTensor* ctx = <PooledTensor*>malloc(
-        sizeof(PooledTensor) + 2 * ndim * sizeof(int64_t))
-    if ctx == NULL:
-        raise MemoryError("fastreduce: out of memory for a result descriptor")
     cdef size_t nbytes = view.count * (view.dtype.bits // 8)
-    cdef void* data = fr_pool_take(nbytes, &ctx.block_size)
-    if data == NULL:
-        free(ctx)
+    cdef size_t header = (sizeof(PooledTensor) + 2 * ndim * sizeof(int64_t) + 63) // 64 * 64
+    cdef bint small = nbytes < FR_POOL_MIN_BYTES
+    cdef void* memory = NULL
+    if posix_memalign(&memory, 64, header + nbytes if small else header) != 0:
         raise MemoryError(f"fastreduce: could not allocate a {nbytes}-byte result")
+    cdef PooledTensor* ctx = <PooledTensor*>memory
+    cdef void* data
+    if small:
+        ctx.block_size = 0
+        data = <char*>memory + header
+    else:
+        data = fr_pool_take(nbytes, &ctx.block_size)
+        if data == NULL:
+            free(ctx)
+            raise MemoryError(f"fastreduce: could not allocate a {nbytes}-byte result")
     cdef int64_t* shape = <int64_t*>(ctx + 1)
     cdef int64_t* strides = shape + ndim
     cdef int64_t stride = 1
@@ -247,9 +263,8 @@ cdef object new_like(object obj, BufferView* view, BufferView* out):
     cdef DLManagedTensorVersioned* managed = NULL
     cdef void* result = NULL
     if api != NULL and api.managed_tensor_to_py_object_no_sync != NULL:
-        if (view.device_type == kDLCPU
-                and view.count * (view.dtype.bits // 8) >= FR_POOL_MIN_BYTES):
-            return _pooled_result(view, api, out)
+        if view.device_type == kDLCPU:
+            return _host_result(view, api, out)
         if api.managed_tensor_allocator != NULL:
             proto.data = NULL
             proto.device.device_type = view.device_type
