@@ -39,16 +39,9 @@ import torch
 from mpi4py import MPI
 
 import fastreduce
+from fastreduce.bench import parse_size
 
 HERE = Path(__file__).resolve().parent
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def sizes(begin: int, end: int) -> list[int]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import fastreduce
+from fastreduce.bench import _init_gloo
 
 sys.path.insert(0, str(Path(__file__).parent))
 from allreduce_bench import load_floor  # noqa: E402
@@ -54,17 +54,6 @@ def timed(comm, fn, iters: int) -> float:
         fn()
     comm.Barrier()
     return (time.perf_counter() - start) / iters
-
-
-def init_gloo(comm) -> None:
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=comm.rank, world_size=comm.size)
 
 
 def main() -> int:
@@ -102,7 +91,7 @@ def main() -> int:
     results["coalesced"]["speedup"] = speedup
 
     # --- training step ----------------------------------------------------------------
-    init_gloo(comm)
+    _init_gloo(MPI.COMM_WORLD)
     plain = make_mlp(args.width, args.depth)
     synced = make_mlp(args.width, args.depth)
     ddp_model = torch.nn.parallel.DistributedDataParallel(make_mlp(args.width, args.depth))
