@@ -39,6 +39,7 @@ import torch
 from mpi4py import MPI
 
 import fastreduce
+from fastreduce._abi import first_line
 from fastreduce.bench import parse_size
 
 HERE = Path(__file__).resolve().parent
@@ -205,7 +206,7 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ranks": p,
         "nodes": len(set(comm.allgather(MPI.Get_processor_name()))),
-        "mpi": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi": first_line(MPI.Get_library_version()),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
         "torch": torch.__version__,

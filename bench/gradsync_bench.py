@@ -32,6 +32,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import fastreduce
+from fastreduce._abi import first_line
 from fastreduce.bench import _init_gloo
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -69,7 +70,7 @@ def main() -> int:
     comm = fastreduce.default_comm()
     p, rank = comm.size, comm.rank
     floor = load_floor(comm)
-    results: dict = {"ranks": p, "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+    results: dict = {"ranks": p, "mpi": first_line(MPI.Get_library_version())}
 
     # --- coalesced ------------------------------------------------------------------
     rng = np.random.default_rng(rank)

@@ -28,6 +28,7 @@ import torch
 from mpi4py import MPI
 
 import fastreduce
+from fastreduce._abi import first_line
 from fastreduce.nn import AllSumReduce
 
 
@@ -98,7 +99,7 @@ def main() -> int:
     if world.rank == 0:
         print(f"# fastreduce {fastreduce.__version__} layers benchmark: {p} ranks, partition "
               f"{shape}, AllSumReduce over axis 1 ({shape[1]} workers); "
-              f"{MPI.Get_library_version().splitlines()[0].strip()}; median of {args.repeat}")
+              f"{first_line(MPI.Get_library_version())}; median of {args.repeat}")
         print(f"{'bytes':>8} {'core':>8} {'layer':>8} {'funct.':>8} {'fwd+bwd':>9} "
               f"{'id.fn':>7} {'layer/core':>10} {'funct/core':>10} {'fwdbwd/ref':>10}")
         for r in rows:

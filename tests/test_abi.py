@@ -55,3 +55,9 @@ def test_two_libraries_in_one_process():
 def test_unknown_vendors_compare_the_library_strings():
     assert abi.mismatch(("unknown", "unknown MPI"), "X MPI 1", "X MPI 1") is None
     assert abi.mismatch(("unknown", "unknown MPI"), "X MPI 1", "Y MPI 2") is not None
+
+
+def test_library_strings_with_a_counted_nul():
+    # Open MPI counts the terminating NUL in MPI_Get_library_version's length
+    assert abi.first_line(OMPI + "\0") == OMPI
+    assert abi.mismatch(("Open MPI", "Open MPI 5.0.11"), OMPI, OMPI + "\0") is None

@@ -15,7 +15,9 @@ def mpi_family(library_version: str) -> str:
 
 
 def first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else "(empty)"
+    """The first line of an MPI_Get_library_version string (some MPIs count the NUL)."""
+    text = text.replace("\0", "").strip()
+    return text.splitlines()[0].strip() if text else "(empty)"
 
 
 def mismatch(build: tuple[str, str], linked: str, loaded: str) -> str | None:
@@ -39,7 +41,7 @@ def mismatch(build: tuple[str, str], linked: str, loaded: str) -> str | None:
             f"{first_line(loaded)} ({loaded_family} ABI); their handles are incompatible. "
             + rebuild
         )
-    if linked.strip() != loaded.strip():
+    if linked.replace("\0", "").strip() != loaded.replace("\0", "").strip():
         return (
             f"two MPI libraries are loaded in this process: fastreduce calls "
             f"{first_line(linked)} while mpi4py calls {first_line(loaded)}. " + rebuild

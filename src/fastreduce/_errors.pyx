@@ -24,7 +24,7 @@ def linked_library_version() -> str:
     cdef char buf[MPI_MAX_LIBRARY_VERSION_STRING + 1]
     cdef int length = 0
     CHKERR(MPI_Get_library_version(buf, &length))
-    return buf[:length].decode(errors="replace")
+    return buf[:length].decode(errors="replace").rstrip("\0")
 
 
 cdef extern from *:

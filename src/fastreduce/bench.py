@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from ._abi import first_line
+
 __all__ = ["main"]
 
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "complex64": 8,
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes = len(set(world.allgather(MPI.Get_processor_name())))
     meta = {
         "fastreduce": fastreduce.__version__,
-        "mpi": MPI.Get_library_version().strip().splitlines()[0].strip(),
+        "mpi": first_line(MPI.Get_library_version()),
         "ranks": world.Get_size(), "nodes": nodes, "communicator": where,
         "device": args.device, "buffers": args.buffers, "dtype": args.dtype, "op": args.op,
         "mode": ("out of place" if args.out_of_place else "in place")

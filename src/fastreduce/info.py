@@ -8,6 +8,8 @@ from __future__ import annotations
 import platform
 import sys
 
+from ._abi import first_line
+
 __all__ = ["collect", "main"]
 
 
@@ -38,8 +40,8 @@ def collect() -> dict:
         "numpy": __import__("numpy").__version__,
         "torch": torch_version,
         "built against": f"{version} ({family} ABI)",
-        "running on": MPI.Get_library_version().strip().splitlines()[0].strip(),
-        "linked libmpi": _errors.linked_library_version().strip().splitlines()[0].strip(),
+        "running on": first_line(MPI.Get_library_version()),
+        "linked libmpi": first_line(_errors.linked_library_version()),
         "MPI standard": "{}.{}".format(*MPI.Get_version()),
         "thread level": thread_names.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "large counts": "MPI_Allreduce_c" if fastreduce.HAVE_LARGE_COUNT else "chunked",
