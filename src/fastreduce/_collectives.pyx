@@ -1,7 +1,10 @@
 # cython: warn.unused=False
 # (the `_owner` locals are unused on purpose: they keep DLPack export capsules,
 # and so the memory MPI works on, alive until the call returns)
-"""Blocking all-reduce of DLPack tensors, with the GIL released around each MPI call."""
+"""All-reduce of DLPack tensors: blocking, non-blocking (Request) and coalesced.
+
+The GIL is released around every MPI call that can wait for other ranks.
+"""
 
 from mpi4py cimport MPI
 
