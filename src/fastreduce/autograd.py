@@ -96,6 +96,9 @@ def sum_over(x: torch.Tensor, comm: MPI.Comm, active: bool, identity: bool,
 
     `identity`: comm has one worker, so the sum is x itself (returned as a clone).
     """
+    if (active and not identity and not (x.requires_grad and torch.is_grad_enabled())
+            and not _check_consistency and x.is_contiguous()):
+        return allreduce(x, "sum", comm=comm)  # the steady state without autograd
     if not active:
         if x.numel() != 0:
             raise ValueError(f"fastreduce: {what}: this worker is not in the partition, so x "
@@ -120,9 +123,6 @@ def all_sum_reduce(x: torch.Tensor, P: Partition, axes) -> torch.Tensor:
     found = _reducers.get((id(P), key))
     if found is not None and found[0] is P:
         _, comm, identity = found
-        if (not identity and P.active and not (x.requires_grad and torch.is_grad_enabled())
-                and not _check_consistency and x.is_contiguous()):
-            return allreduce(x, "sum", comm=comm)  # the steady state without autograd
         return sum_over(x, comm, P.active, identity, "all_sum_reduce")
     if not isinstance(P, CartesianPartition):
         if not isinstance(P, Partition):

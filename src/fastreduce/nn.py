@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
-from . import autograd
-from ._collectives import allreduce, default_comm
+from ._collectives import default_comm
 from .autograd import check_all_reduce_args, reduce_tensor_parallel, sum_over
 from .partition import CartesianPartition
 
@@ -38,13 +37,8 @@ class AllSumReduce(torch.nn.Module):
         self.axes_reduce = axes
         self.comm = P.sub(axes)
         self._identity = not P.active or self.comm.Get_size() == 1
-        self._reduces = P.active and not self._identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # steady state without autograd: straight to the core
-        if (self._reduces and not (x.requires_grad and torch.is_grad_enabled())
-                and not autograd._check_consistency and x.is_contiguous()):
-            return allreduce(x, "sum", comm=self.comm)
         return sum_over(x, self.comm, self.P.active, self._identity, "AllSumReduce")
 
     def extra_repr(self) -> str:
