@@ -28,7 +28,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 "${pip[@]}" install --upgrade pip >/dev/null
 # The MPI wheel puts mpicc, mpiexec, mpi.h and libmpi into the venv.
 "${pip[@]}" install $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
-  "pytest>=8" "pytest-timeout>=2" "meson-python>=0.16" "cython>=3.1" ninja matplotlib
+  "pytest>=8" "pytest-timeout>=2" "meson-python>=0.16" "cython>=3.1" ninja matplotlib mypy
 # Build against the venv's MPI (mpicc first on PATH); the build folder is kept
 # per MPI so a rebuild after an edit is incremental.
 PATH="$venv/bin:$PATH" MPICC="${mpicc:-${MPICC:-}}" \
