@@ -63,6 +63,12 @@ def test_wrong_results_are_counted_and_fail_the_run():
     assert "WRONG" in out
 
 
+def _torch_has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @pytest.mark.parametrize("options, message", [
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["-b", "1M", "-e", "4K"], "size range is reversed"),
@@ -72,7 +78,9 @@ def test_wrong_results_are_counted_and_fail_the_run():
     (["--partition", "3x3"], "has 9 workers but 4 ranks"),
     (["--partition", "2x2", "--axes", "2"], "--axes 2"),
     (["--axes", "1"], "--axes needs --partition"),
-    (["--device", "cuda"], "host memory only"),
+    (["--device", "cuda", "--buffers", "numpy"], "--device cuda needs --buffers torch"),
+    pytest.param(["--device", "cuda"], "torch.cuda.is_available() is False",
+                 marks=pytest.mark.skipif(_torch_has_cuda(), reason="this machine has a GPU")),
 ])
 def test_usage_errors_exit_every_rank(options, message):
     rc, out = run_mpi(4, *BENCH, *options, timeout=120)

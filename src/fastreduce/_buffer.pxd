@@ -14,7 +14,10 @@ ctypedef struct BufferView:
     int32_t device_type
     int32_t device_id
     const DLPackExchangeAPI* api  # the C exchange API of the object's type, or NULL
+    void* stream                  # GPU memory: the stream whose queued work produced it
+    bint own_stream               # `stream` is fastreduce's: finish on the host before return
 
+cdef str device_name(int device_type, int device_id)
 cdef object acquire(object obj, BufferView* view, bint writable, str role)
 cdef object new_like(object obj, BufferView* view, BufferView* out)
 cdef int check_same_layout(BufferView* x, BufferView* out) except -1

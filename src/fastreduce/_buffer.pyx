@@ -6,7 +6,7 @@ from cpython.object cimport PyTypeObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.ref cimport Py_DECREF
 from libc.stdint cimport int64_t, uint64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free
 
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void** memptr, size_t alignment, size_t size)
@@ -16,6 +16,7 @@ from ._dlpack cimport (
     DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor, kDLCPU, kDLCUDA, kDLCUDAHost,
     kDLCUDAManaged, kDLROCM, kDLROCMHost,
 )
+from ._cuda cimport consumer_stream, require_device
 from ._dtypes cimport kind_from_dlpack
 
 cdef extern from "Python.h":
@@ -44,8 +45,16 @@ cdef const DLPackExchangeAPI* _last_api = NULL
 cdef dict _empty_like_by_type = {}
 
 cdef dict _DEVICE_NAMES = {
-    kDLCUDA: "cuda", kDLCUDAManaged: "cuda (managed)", kDLROCM: "rocm",
+    kDLCPU: "cpu", kDLCUDA: "cuda", kDLCUDAHost: "cpu (CUDA pinned)",
+    kDLCUDAManaged: "cuda (managed)", kDLROCM: "rocm", kDLROCMHost: "cpu (ROCm pinned)",
 }
+
+
+cdef str device_name(int device_type, int device_id):
+    """'cpu', 'cuda:1', ...: a DLPack device as users write it."""
+    if device_type == kDLCPU:
+        return "cpu"
+    return f"{_DEVICE_NAMES.get(device_type, f'DLPack device type {device_type}')}:{device_id}"
 
 
 cdef const DLPackExchangeAPI* _lookup_api(object tp) except? NULL:
@@ -79,8 +88,41 @@ cdef object acquire(object obj, BufferView* view, bint writable, str role):
         api.dltensor_from_py_object_no_sync(<void*>obj, &dl)
         _fill_view(&dl, view, 0, writable, role)
         view.api = api
+        if view.device_type != kDLCPU:
+            _producer_stream(view, role)
         return None
     return _acquire_from_capsule(obj, view, writable, role)
+
+
+cdef int _producer_stream(BufferView* view, str role) except -1:
+    """The framework's current work stream for view's device (exchange API producers)."""
+    if view.device_type == kDLCUDAHost:
+        return 0
+    require_device(view.device_type, view.device_id, role)
+    view.stream = NULL  # the legacy default stream, if the framework names none
+    if view.api.current_work_stream != NULL:
+        if view.api.current_work_stream(kDLCUDA, view.device_id, &view.stream) != 0:
+            raise RuntimeError(f"fastreduce: the framework of {role} could not say its "
+                               f"current CUDA stream on cuda:{view.device_id}")
+    return 0
+
+
+cdef object _export_stream(object obj, str role):
+    """The stream argument for obj.__dlpack__: fastreduce's own stream on a CUDA device.
+
+    The producer makes its pending work visible on that stream (DLPack's stream
+    semantics); fastreduce then works on it and finishes before returning.
+    """
+    try:
+        device_of = obj.__dlpack_device__
+    except AttributeError:
+        return None
+    device = device_of()
+    device_type, device_id = int(device[0]), int(device[1])
+    if device_type != kDLCUDA and device_type != kDLCUDAManaged:
+        return None
+    require_device(device_type, device_id, role)
+    return <size_t>consumer_stream(device_id)
 
 
 cdef object _acquire_from_capsule(object obj, BufferView* view, bint writable, str role):
@@ -91,10 +133,15 @@ cdef object _acquire_from_capsule(object obj, BufferView* view, bint writable, s
             f"fastreduce: {role} of type {type(obj).__module__}.{type(obj).__qualname__} does "
             f"not support DLPack (no __dlpack__ method); pass a torch tensor, a numpy array "
             f"or another DLPack producer") from None
+    stream = _export_stream(obj, role)
     try:
-        capsule = export(max_version=(1, 3))
+        if stream is None:
+            capsule = export(max_version=(1, 3))
+        else:
+            capsule = export(stream=stream, max_version=(1, 3))
     except TypeError:
-        capsule = export()  # a producer older than DLPack 1.0
+        # a producer older than DLPack 1.0
+        capsule = export() if stream is None else export(stream=stream)
     cdef DLManagedTensorVersioned* versioned
     cdef DLManagedTensor* legacy
     if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
@@ -113,6 +160,11 @@ cdef object _acquire_from_capsule(object obj, BufferView* view, bint writable, s
             f"fastreduce: {role}.__dlpack__() returned {type(capsule).__name__}, "
             f"not an unconsumed DLPack capsule")
     view.api = NULL
+    if view.device_type == kDLCUDA or view.device_type == kDLCUDAManaged:
+        if stream is None:  # exported for the legacy default stream
+            require_device(view.device_type, view.device_id, role)
+        view.stream = <void*><size_t>(stream or 0)
+        view.own_stream = True
     # The capsule still carries its name, so when it is released its destructor
     # calls the producer's deleter, as the DLPack protocol prescribes.
     return capsule
@@ -125,11 +177,12 @@ cdef int _fill_view(const DLTensor* dl, BufferView* view, uint64_t flags, bint w
         raise TypeError(f"fastreduce: {role} has dtype {_dtype_name(dl)}, which fastreduce "
                         f"does not reduce; convert it (e.g. .to(torch.float32))")
     cdef int device = dl.device.device_type
-    if device != kDLCPU and device != kDLCUDAHost and device != kDLROCMHost:
-        name = _DEVICE_NAMES.get(device, f"DLPack device type {device}")
+    if (device != kDLCPU and device != kDLCUDAHost and device != kDLROCMHost
+            and device != kDLCUDA and device != kDLCUDAManaged):
         raise TypeError(
-            f"fastreduce: {role} lives on {name}:{dl.device.device_id}; this build reduces "
-            f"host memory only: move it with .cpu() (or .to('cpu')) first")
+            f"fastreduce: {role} lives on {device_name(device, dl.device.device_id)}; "
+            f"fastreduce reduces host and CUDA memory: move it with .cpu() (or .to('cpu')) "
+            f"first")
     cdef int64_t expected = 1
     cdef bint contiguous = True
     cdef int i
@@ -157,6 +210,8 @@ cdef int _fill_view(const DLTensor* dl, BufferView* view, uint64_t flags, bint w
     view.shape = dl.shape
     view.device_type = dl.device.device_type
     view.device_id = dl.device.device_id
+    view.stream = NULL
+    view.own_stream = False
     return 0
 
 
@@ -319,8 +374,8 @@ cdef int check_same_layout(BufferView* x, BufferView* out) except -1:
             f"{[x.shape[i] for i in range(x.ndim)]}; pass an out of the same shape")
     if out.device_type != x.device_type or out.device_id != x.device_id:
         raise ValueError(
-            f"fastreduce: out is on device ({out.device_type}, {out.device_id}) but x is on "
-            f"({x.device_type}, {x.device_id}); pass an out on x's device")
+            f"fastreduce: out is on {device_name(out.device_type, out.device_id)} but x is on "
+            f"{device_name(x.device_type, x.device_id)}; pass an out on x's device")
     return 0
 
 

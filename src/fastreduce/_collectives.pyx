@@ -13,7 +13,13 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from ._buffer cimport BufferView, acquire, check_same_layout, new_like
+from ._buffer cimport BufferView, acquire, check_same_layout, device_name, new_like
+from ._cuda cimport (
+    MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, chunk_bytes, copy_async, cudaStream_t,
+    event_record, event_sync, staging_give, staging_take, stream_sync, stream_wait_event,
+    use_cuda_aware,
+)
+from ._dlpack cimport kDLCPU, kDLCUDA, kDLCUDAManaged
 from ._dtypes cimport NKINDS
 from ._errors cimport CHKERR
 from ._libmpi cimport *
@@ -124,7 +130,10 @@ def allreduce_(x, op="sum", *, comm=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     _owner = _prepare(x, op, comm, True, &view, &handle, &red)
-    _run(MPI_IN_PLACE, view.data, view.count, red, handle)
+    if view.device_type == kDLCPU:
+        _run(MPI_IN_PLACE, view.data, view.count, red, handle)
+    else:
+        _device_run(&view, &view, red, handle)
     return x
 
 
@@ -147,8 +156,152 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     cdef const Reduction* red = NULL
     _owner = _prepare(x, op, comm, False, &view, &handle, &red)
     out = _prepare_out(x, out, &view, &result)
-    _run(_send_buffer(&view, &result, red), result.data, view.count, red, handle)
+    cdef const void* sendbuf = _send_buffer(&view, &result, red)
+    if view.device_type == kDLCPU:
+        _run(sendbuf, result.data, view.count, red, handle)
+    else:
+        _device_run(&view, &result, red, handle)
     return out
+
+
+# --- GPU memory ---------------------------------------------------------------------
+#
+# Three ways, chosen per call:
+# - managed memory: the host can read it once the producer's stream is done;
+# - CUDA-aware MPI (fastreduce.cuda_aware()): the device pointer goes to MPI after
+#   the producer's stream is done; no copies. MPI's own ops only: fastreduce's
+#   16-bit ops and the division of "avg" run on the host, so those are staged;
+# - staged: device -> pinned host on the producer's stream, MPI on the host,
+#   host -> device; large messages in a ring of pipelined chunks (_cuda.chunk_bytes).
+# Results are ordered before later work on the producer's stream; when the stream
+# is fastreduce's own (producers without the C exchange API) the call also waits
+# for them on the host, since the producer's later work is on a stream we do not know.
+
+cdef inline bint _direct(BufferView* x, const Reduction* red) except -1:
+    """Whether MPI reads x's memory itself (managed memory, or a CUDA-aware MPI)."""
+    if x.device_type == kDLCUDAManaged:
+        return True
+    return red.predefined and red.divide_kind < 0 and use_cuda_aware()
+
+
+cdef int _wait_producers(BufferView* x, BufferView* result) except -1:
+    """Host-wait for the work queued on x's (and result's) stream, for a direct call."""
+    with nogil:
+        stream_sync(<cudaStream_t>x.stream)
+        if result.stream != x.stream:
+            stream_sync(<cudaStream_t>result.stream)
+    return 0
+
+
+cdef void _drain(Staging* ctx, cudaStream_t stream) noexcept:
+    """After an error part-way: let the context's copies finish before it is reused."""
+    try:
+        with nogil:
+            stream_sync(stream)
+            stream_sync(ctx.d2h_stream)
+            stream_sync(ctx.h2d_stream)
+            event_sync(ctx.done)
+    except BaseException:  # noqa: BLE001  (the first error is the one to report)
+        pass
+
+
+cdef int _device_run(BufferView* x, BufferView* result, const Reduction* red,
+                     MPI_Comm comm) except -1:
+    """Blocking all-reduce of GPU memory x into result (x itself when in place)."""
+    cdef const void* sendbuf = MPI_IN_PLACE if result.data == x.data else x.data
+    if _direct(x, red):
+        _wait_producers(x, result)
+        return _run(sendbuf, result.data, x.count, red, comm)
+    if result.stream != x.stream:  # an out from another producer: its work first
+        with nogil:
+            stream_sync(<cudaStream_t>result.stream)
+    cdef int64_t nbytes = x.count * red.itemsize
+    cdef int64_t chunk = chunk_bytes(nbytes)
+    if nbytes == 0:
+        return 0
+    if chunk == nbytes:
+        return _staged_whole(x, result, red, comm, nbytes)
+    return _staged_pipelined(x, result, red, comm, nbytes, chunk)
+
+
+cdef int _staged_whole(BufferView* x, BufferView* result, const Reduction* red, MPI_Comm comm,
+                       int64_t nbytes) except -1:
+    """One chunk: copy in and out on the producer's stream, MPI on pinned host memory."""
+    cdef cudaStream_t stream = <cudaStream_t>x.stream
+    cdef Staging* ctx = staging_take(x.device_id, nbytes)
+    try:
+        with nogil:
+            stream_wait_event(stream, ctx.done)  # the buffer's last reader has finished
+            copy_async(ctx.host, x.data, nbytes, MEMCPY_D2H, stream)
+            event_record(ctx.d2h[0], stream)
+            event_sync(ctx.d2h[0])
+        _run(MPI_IN_PLACE, ctx.host, x.count, red, comm)
+        with nogil:
+            copy_async(result.data, ctx.host, nbytes, MEMCPY_H2D, stream)
+            event_record(ctx.done, stream)
+            if x.own_stream:
+                event_sync(ctx.done)
+    except BaseException:
+        _drain(ctx, stream)
+        raise
+    finally:
+        staging_give(ctx)
+    return 0
+
+
+cdef int _stage_in(Staging* ctx, BufferView* x, int64_t j, int64_t chunk,
+                   int64_t nbytes) except -1 nogil:
+    """Queue the copy of chunk j to its ring slot on the context's device-to-host stream."""
+    cdef int slot = j % STAGING_SLOTS
+    copy_async(ctx.host + slot * chunk, x.data + j * chunk, min(chunk, nbytes - j * chunk),
+               MEMCPY_D2H, ctx.d2h_stream)
+    return event_record(ctx.d2h[slot], ctx.d2h_stream)
+
+
+cdef int _staged_pipelined(BufferView* x, BufferView* result, const Reduction* red,
+                           MPI_Comm comm, int64_t nbytes, int64_t chunk) except -1:
+    """Chunks through a ring of STAGING_SLOTS pinned slots: while MPI reduces chunk i on the
+    host, chunk i+1.. are copied in on one stream and chunk i-1 copied out on another."""
+    cdef cudaStream_t stream = <cudaStream_t>x.stream
+    cdef int64_t nchunks = (nbytes + chunk - 1) // chunk
+    cdef int64_t nslots = min(<int64_t>STAGING_SLOTS, nchunks)
+    cdef int64_t i, j, n
+    cdef int slot
+    cdef int itemsize = red.itemsize
+    cdef Staging* ctx = staging_take(x.device_id, nslots * chunk)
+    try:
+        with nogil:
+            event_record(ctx.start, stream)  # after the producer's queued work
+            stream_wait_event(ctx.d2h_stream, ctx.start)
+            stream_wait_event(ctx.d2h_stream, ctx.done)  # the slots' last reader has finished
+            stream_wait_event(ctx.h2d_stream, ctx.start)
+            for j in range(nslots):
+                _stage_in(ctx, x, j, chunk, nbytes)
+        for i in range(nchunks):
+            slot = i % STAGING_SLOTS
+            n = min(chunk, nbytes - i * chunk)
+            with nogil:
+                event_sync(ctx.d2h[slot])
+            _run(MPI_IN_PLACE, ctx.host + slot * chunk, n // itemsize, red, comm)
+            with nogil:
+                copy_async(result.data + i * chunk, ctx.host + slot * chunk, n, MEMCPY_H2D,
+                           ctx.h2d_stream)
+                event_record(ctx.h2d[slot], ctx.h2d_stream)
+                j = i + STAGING_SLOTS
+                if j < nchunks:  # refill the slot once its copy out is done
+                    stream_wait_event(ctx.d2h_stream, ctx.h2d[slot])
+                    _stage_in(ctx, x, j, chunk, nbytes)
+        with nogil:
+            event_record(ctx.done, ctx.h2d_stream)
+            stream_wait_event(stream, ctx.done)  # later work on the producer's stream
+            if x.own_stream:
+                event_sync(ctx.done)
+    except BaseException:
+        _drain(ctx, stream)
+        raise
+    finally:
+        staging_give(ctx)
+    return 0
 
 
 # --- non-blocking -------------------------------------------------------------------
@@ -178,12 +331,17 @@ cdef class Request:
     cdef int64_t count
     cdef const Reduction* red
     cdef MPI_Comm handle
+    cdef Staging* staging     # GPU staged path: pinned memory MPI works on, else NULL
+    cdef char* device_dst     # ... and where its result goes on the device
+    cdef cudaStream_t stream
+    cdef bint own_stream
     cdef object __weakref__
 
     def __cinit__(self):
         self.handles = NULL
         self.nhandles = 0
         self.pending = False
+        self.staging = NULL
 
     def __dealloc__(self):
         if self.pending and self.handles != NULL:
@@ -195,7 +353,22 @@ cdef class Request:
                 return
             with nogil:  # complete it before its buffers go: MPI may still write them
                 MPI_Waitall(self.nhandles, self.handles, MPI_STATUSES_IGNORE)
+            if self.staging != NULL:  # deliver the result, as on the host path
+                self._deliver_quietly()
         free(self.handles)
+
+    cdef void _deliver_quietly(self) noexcept:
+        """For a dropped staged request: divide, copy out and release, reporting nothing."""
+        cdef int size = 1
+        try:
+            if self.red.divide_kind >= 0 and MPI_Comm_size(self.handle, &size) == MPI_SUCCESS:
+                with nogil:
+                    fr_divide(self.recvbuf, self.count, self.red.divide_kind, size)
+            self._stage_out()
+        except BaseException:  # noqa: BLE001  (nowhere to report it from here)
+            pass
+        staging_give(self.staging)
+        self.staging = NULL
 
     cdef int _check_comm(self) except -1:
         if self.comm is not None and (<MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
@@ -209,13 +382,35 @@ cdef class Request:
     cdef int _finish(self, int ierr) except -1:
         self.pending = False
         _pending.discard(self)
-        CHKERR(ierr)
         cdef int size = 1
-        if self.red.divide_kind >= 0:
-            CHKERR(MPI_Comm_size(self.handle, &size))
-            with nogil:
-                fr_divide(self.recvbuf, self.count, self.red.divide_kind, size)
+        try:
+            CHKERR(ierr)
+            if self.red.divide_kind >= 0:
+                CHKERR(MPI_Comm_size(self.handle, &size))
+                with nogil:
+                    fr_divide(self.recvbuf, self.count, self.red.divide_kind, size)
+            if self.staging != NULL:
+                self._stage_out()
+        finally:
+            if self.staging != NULL:
+                staging_give(self.staging)
+                self.staging = NULL
         self.keep = None
+        return 0
+
+    cdef int _stage_out(self) except -1:
+        """Copy the reduced pinned buffer back to the device, on the producer's stream."""
+        cdef Staging* ctx = self.staging
+        cdef size_t nbytes = self.count * self.red.itemsize
+        try:
+            with nogil:
+                copy_async(self.device_dst, ctx.host, nbytes, MEMCPY_H2D, self.stream)
+                event_record(ctx.done, self.stream)
+                if self.own_stream:
+                    event_sync(ctx.done)
+        except BaseException:
+            _drain(ctx, self.stream)
+            raise
         return 0
 
     def wait(self):
@@ -304,6 +499,8 @@ def iallreduce_(x, op="sum", *, comm=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
+    if view.device_type != kDLCPU:
+        return _device_start(&view, &view, red, handle, comm, x, (x, owner))
     return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
                   default_comm() if comm is None else comm, x, (x, owner))
 
@@ -315,8 +512,49 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     cdef const Reduction* red = NULL
     owner = _prepare(x, op, comm, False, &view, &handle, &red)
     out = _prepare_out(x, out, &view, &result)
-    return _start(_send_buffer(&view, &result, red), result.data, view.count, red, handle,
+    cdef const void* sendbuf = _send_buffer(&view, &result, red)
+    if view.device_type != kDLCPU:
+        return _device_start(&view, &result, red, handle, comm, out, (x, owner, out))
+    return _start(sendbuf, result.data, view.count, red, handle,
                   default_comm() if comm is None else comm, out, (x, owner, out))
+
+
+cdef Request _device_start(BufferView* x, BufferView* result, const Reduction* red,
+                           MPI_Comm handle, object comm, object out, object keep):
+    """Start a non-blocking all-reduce of GPU memory: direct, or staged through pinned
+    memory (copied in now; copied out by the wait or test that sees MPI finish)."""
+    if comm is None:
+        comm = default_comm()
+    if _direct(x, red):
+        _wait_producers(x, result)
+        return _start(MPI_IN_PLACE if result.data == x.data else x.data, result.data, x.count,
+                      red, handle, comm, out, keep)
+    cdef cudaStream_t stream = <cudaStream_t>x.stream
+    cdef size_t nbytes = x.count * red.itemsize
+    if result.stream != x.stream:
+        with nogil:
+            stream_sync(<cudaStream_t>result.stream)
+    cdef Staging* ctx = staging_take(x.device_id, nbytes)
+    cdef Request req
+    try:
+        with nogil:
+            stream_wait_event(stream, ctx.done)
+            if nbytes:
+                copy_async(ctx.host, x.data, nbytes, MEMCPY_D2H, stream)
+            event_record(ctx.d2h[0], stream)
+            event_sync(ctx.d2h[0])
+        req = _start(MPI_IN_PLACE, ctx.host, x.count, red, handle, comm, out, keep)
+    except BaseException:
+        _drain(ctx, stream)
+        staging_give(ctx)
+        raise
+    req.staging = ctx
+    req.device_dst = result.data
+    req.stream = stream
+    req.own_stream = x.own_stream
+    if not req.pending:  # nothing in flight (e.g. zero elements): deliver now
+        req._finish(MPI_SUCCESS)
+    return req
 
 
 def wait_all(requests) -> list:
@@ -436,12 +674,23 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
             if (views[i].device_type != views[0].device_type
                     or views[i].device_id != views[0].device_id):
                 raise ValueError(
-                    f"fastreduce: tensors[{i}] is on device ({views[i].device_type}, "
-                    f"{views[i].device_id}) but tensors[0] on ({views[0].device_type}, "
-                    f"{views[0].device_id}); a coalesced call takes tensors of one device")
+                    f"fastreduce: tensors[{i}] is on "
+                    f"{device_name(views[i].device_type, views[i].device_id)} but tensors[0] "
+                    f"on {device_name(views[0].device_type, views[0].device_id)}; a coalesced "
+                    f"call takes tensors of one device")
             if reds[views[i].kind] == NULL:
                 reds[views[i].kind] = get_reduction(views[i].kind, code)
             counts[views[i].kind] += views[i].count
+        if views[0].device_type == kDLCUDA or views[0].device_type == kDLCUDAManaged:
+            for i in range(1, n):  # the copies go on tensors[0]'s stream
+                if views[i].stream != views[0].stream:
+                    with nogil:
+                        stream_sync(<cudaStream_t>views[i].stream)
+            if views[0].device_type == kDLCUDA:
+                _coalesced_device(views, n, counts, reds, handle)
+                return tensors
+            with nogil:  # managed memory: the host path, once the producer is done
+                stream_sync(<cudaStream_t>views[0].stream)
         for k in range(NKINDS):  # kinds in a fixed order: the same MPI calls on every rank
             if reds[k] == NULL:
                 continue
@@ -473,6 +722,60 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
     return tensors
 
 
+cdef int _coalesced_device(BufferView* views, int n, int64_t* counts, const Reduction** reds,
+                           MPI_Comm handle) except -1:
+    """The coalesced call on CUDA memory: per dtype, direct calls (CUDA-aware MPI, no
+    copies: one MPI call per tensor) or one MPI call on a pinned flat buffer."""
+    cdef cudaStream_t stream = <cudaStream_t>views[0].stream
+    cdef bint synced = False
+    cdef Staging* ctx
+    cdef int i, k
+    cdef int64_t offset
+    cdef size_t itemsize
+    for k in range(NKINDS):  # kinds in a fixed order: the same MPI calls on every rank
+        if reds[k] == NULL:
+            continue
+        itemsize = reds[k].itemsize
+        if reds[k].predefined and reds[k].divide_kind < 0 and use_cuda_aware():
+            if not synced:
+                with nogil:
+                    stream_sync(stream)
+                synced = True
+            for i in range(n):
+                if views[i].kind == k and views[i].count:
+                    _run(MPI_IN_PLACE, views[i].data, views[i].count, reds[k], handle)
+            continue
+        ctx = staging_take(views[0].device_id, counts[k] * itemsize)
+        try:
+            with nogil:
+                stream_wait_event(stream, ctx.done)
+                offset = 0
+                for i in range(n):
+                    if views[i].kind == k and views[i].count:
+                        copy_async(ctx.host + offset, views[i].data, views[i].count * itemsize,
+                                   MEMCPY_D2H, stream)
+                        offset += views[i].count * itemsize
+                event_record(ctx.d2h[0], stream)
+                event_sync(ctx.d2h[0])
+            _run(MPI_IN_PLACE, ctx.host, counts[k], reds[k], handle)
+            with nogil:
+                offset = 0
+                for i in range(n):
+                    if views[i].kind == k and views[i].count:
+                        copy_async(views[i].data, ctx.host + offset, views[i].count * itemsize,
+                                   MEMCPY_H2D, stream)
+                        offset += views[i].count * itemsize
+                event_record(ctx.done, stream)
+                if views[0].own_stream:
+                    event_sync(ctx.done)
+        except BaseException:
+            _drain(ctx, stream)
+            raise
+        finally:
+            staging_give(ctx)
+    return 0
+
+
 def _set_count_limit(int64_t limit) -> int:
     """Largest count passed to one int-count MPI call (INT_MAX); lowered by tests. Returns old."""
     global _count_limit
@@ -488,6 +791,8 @@ def _reduce_local(inbuf, inoutbuf, op="sum"):
     _owner_a = acquire(inbuf, &a, False, "inbuf")
     _owner_b = acquire(inoutbuf, &b, True, "inoutbuf")
     check_same_layout(&a, &b)
+    if a.device_type != kDLCPU:
+        raise TypeError("_reduce_local takes host memory")
     cdef const Reduction* red = get_reduction(a.kind, op_code(op))
     CHKERR(MPI_Reduce_local(a.data, b.data, <int>a.count, red.datatype, red.op))
     return inoutbuf

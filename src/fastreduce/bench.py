@@ -109,7 +109,15 @@ def check_args(args, world_size: int):
     if not fastreduce.supports(args.dtype, args.op):
         raise UsageError(f"op {args.op!r} is not defined for dtype {args.dtype}")
     if args.device == "cuda":
-        raise UsageError("--device cuda: this fastreduce reduces host memory only")
+        if args.buffers != "torch":
+            raise UsageError("--device cuda needs --buffers torch")
+        try:
+            import torch
+        except ImportError:
+            raise UsageError("--device cuda needs torch with CUDA") from None
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch.cuda.is_available() is False here "
+                             "(a CPU build of torch, or no visible GPU)")
     if args.buffers == "numpy" and args.dtype == "bfloat16":
         raise UsageError("numpy has no bfloat16: use --buffers torch")
     for n in (args.iters, args.warmup):
@@ -144,12 +152,12 @@ def check_args(args, world_size: int):
     return shape, axes, peers
 
 
-def make_buffer(kind: str, dtype: str, count: int):
+def make_buffer(kind: str, dtype: str, count: int, device: str = "cpu"):
     if kind == "numpy":
         return np.zeros(count, dtype=dtype)
     import torch
 
-    return torch.zeros(count, dtype=getattr(torch, dtype))
+    return torch.zeros(count, dtype=getattr(torch, dtype), device=device)
 
 
 def fill(buf, values: np.ndarray) -> None:
@@ -168,7 +176,7 @@ def as_numpy(buf) -> np.ndarray:
 
     if buf.dtype == torch.bfloat16:
         buf = buf.float()
-    return buf.numpy()
+    return buf.cpu().numpy()
 
 
 def rank_values(dtype: str, op: str, rank: int, count: int) -> np.ndarray:
@@ -218,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_usage(sys.stderr)
             print(f"fastreduce-bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.device == "cuda":
+        import torch
+
+        torch.cuda.set_device(fastreduce.local_rank() % torch.cuda.device_count())
     if shape is not None:
         P = fastreduce.Partition().create_cartesian_topology_partition(shape)
         comm = P.sub(axes)
@@ -313,7 +325,7 @@ def _iterations(args, nbytes: int) -> tuple[int, int]:
 def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
     import fastreduce
 
-    x = make_buffer(args.buffers, args.dtype, count)
+    x = make_buffer(args.buffers, args.dtype, count, args.device)
     iters, warmup = _iterations(args, nbytes)
     op = args.op
     if args.nonblocking:
@@ -327,7 +339,7 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
     else:
         def call():
             fastreduce.allreduce_(x, op, comm=comm)
-    t = _time(comm, call, iters, warmup)
+    t = _time(comm, call, iters, warmup, args.device)
     times = comm.allgather(t)
     avg = sum(times) / len(times)
     bus = 2 * (p - 1) / p if p > 1 else 0.0
@@ -357,19 +369,31 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
 
 
 def _rounded(buffers: str, dtype: str, values: np.ndarray):
-    buf = make_buffer(buffers, dtype, values.size)
+    buf = make_buffer(buffers, dtype, values.size)  # rounding as on the host
     fill(buf, values)
     return buf
 
 
-def _time(comm, fn, iters: int, warmup: int) -> float:
+def _time(comm, fn, iters: int, warmup: int, device: str = "cpu") -> float:
+    """Seconds per fn() on this rank; on a GPU, until the device has finished the work."""
+    sync = _device_sync(device)
     for _ in range(warmup):
         fn()
+    sync()
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(iters):
         fn()
+    sync()
     return (time.perf_counter() - start) / iters
+
+
+def _device_sync(device: str):
+    if device == "cpu":
+        return lambda: None
+    import torch
+
+    return torch.cuda.synchronize
 
 
 def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo) -> float:
@@ -378,8 +402,26 @@ def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo)
     if name == "mpi4py":
         ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
                "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR, "avg": MPI.SUM}
-        buf = np.zeros(count, dtype="float32" if args.dtype == "bfloat16" else args.dtype)
-        t = _time(comm, lambda: comm.Allreduce(MPI.IN_PLACE, buf, ops[args.op]), iters, warmup)
+        dtype = "float32" if args.dtype == "bfloat16" else args.dtype
+        if args.device == "cpu":
+            buf = np.zeros(count, dtype=dtype)
+            t = _time(comm, lambda: comm.Allreduce(MPI.IN_PLACE, buf, ops[args.op]), iters,
+                      warmup)
+        else:
+            # what a user writes without fastreduce: copy to pinned host memory, mpi4py,
+            # copy back (float32 standing in for bfloat16, as on the host)
+            import torch
+
+            dev = torch.zeros(count, dtype=getattr(torch, dtype), device=args.device)
+            host = torch.zeros(count, dtype=dev.dtype, pin_memory=True)
+            view = host.numpy()
+
+            def staged():
+                host.copy_(dev)
+                comm.Allreduce(MPI.IN_PLACE, view, ops[args.op])
+                dev.copy_(host, non_blocking=True)
+
+            t = _time(comm, staged, iters, warmup, args.device)
     else:
         import torch
         import torch.distributed as dist
@@ -387,10 +429,11 @@ def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo)
         ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
                "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.SUM,
                "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
-        t_buf = torch.zeros(count, dtype=getattr(torch, args.dtype))
+        t_buf = torch.zeros(count, dtype=getattr(torch, args.dtype), device=args.device)
         # torch.distributed reduces over the whole world: with --partition this column
         # is the world-wide all-reduce, which the JSON says
-        t = _time(comm, lambda: dist.all_reduce(t_buf, ops[args.op], group=gloo), iters, warmup)
+        t = _time(comm, lambda: dist.all_reduce(t_buf, ops[args.op], group=gloo), iters, warmup,
+                  args.device)
     return comm.allreduce(t) / comm.Get_size()
 
 

@@ -35,9 +35,16 @@ _override: bool | None = None
 
 
 def set_cuda_aware(value: bool | None) -> None:
-    """Declare whether the MPI can read GPU memory (None: detect again)."""
+    """Declare whether the MPI can read GPU memory (None: detect again).
+
+    The GPU paths ask cuda_aware() once, at their first call, and keep the answer
+    until this is called; FASTREDUCE_CUDA_AWARE is read then too.
+    """
     global _override
     _override = None if value is None else bool(value)
+    from . import _cuda
+
+    _cuda._forget_cuda_aware()
 
 
 def cuda_aware() -> tuple[bool, str]:

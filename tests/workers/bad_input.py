@@ -8,6 +8,8 @@ communicators are still in step.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from common import WORLD, Failures
@@ -83,7 +85,13 @@ expect(TypeError, ["float", "does not support DLPack"], lambda: fastreduce.allre
 
 # --- DLPack exports the tensors here cannot make ------------------------------------
 arr = np.ones(4, np.float32)
-expect(TypeError, ["cuda:0", ".cpu()"], lambda: fastreduce.allreduce_(FakeTensor(arr, device=(2, 0))), arr)
+# CUDA memory with no CUDA runtime to be had (tests/test_cuda_staging.py covers the rest)
+os.environ["FASTREDUCE_CUDART"] = "/nonexistent/libcudart.so.12"
+expect(RuntimeError, ["x is on cuda:0", "no CUDA runtime library", "FASTREDUCE_CUDART"],
+       lambda: fastreduce.allreduce_(FakeTensor(arr, device=(2, 0))), arr)
+expect(RuntimeError, ["out is on cuda:1", "no CUDA runtime library"],
+       lambda: fastreduce.allreduce(arr, out=FakeTensor(np.ones(4, np.float32), device=(2, 1))),
+       arr)
 expect(TypeError, ["rocm:1", ".cpu()"], lambda: fastreduce.allreduce_(FakeTensor(arr, device=(10, 1))), arr)
 expect(BufferError, ["x is read-only"],
        lambda: fastreduce.allreduce_(FakeTensor(arr, flags=READ_ONLY)), arr)

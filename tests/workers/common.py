@@ -61,5 +61,7 @@ class Failures:
 
 
 def _snapshot(obj) -> np.ndarray:
-    """A copy of a tensor's values (torch, numpy, or a test producer with .array)."""
+    """A copy of a tensor's values (torch, numpy, or a test producer with .array/.to_numpy)."""
+    if hasattr(obj, "to_numpy"):
+        return obj.to_numpy()
     return np.array(np.asarray(getattr(obj, "array", obj)))
