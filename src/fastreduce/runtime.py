@@ -1,4 +1,5 @@
-"""Where this process runs: node-local rank, and whether the MPI can read GPU memory.
+"""Where this process runs: node-local rank, whether the MPI can read GPU memory, and
+the GPU paths' settings and counters.
 
 Everything comes from MPI itself, never from launcher variables, so it is the
 same under mpiexec, srun or any other launcher.
@@ -11,7 +12,14 @@ import os
 
 from mpi4py import MPI
 
-__all__ = ["cuda_aware", "local_rank", "local_size", "set_cuda_aware"]
+from . import _cuda
+from ._cuda import copy_counts as gpu_copy_counts
+from ._cuda import plan_staging, set_staging_chunk
+from ._cuda import reset_copy_counts as reset_gpu_copy_counts
+from ._cuda import runtime_info as cuda_runtime_info
+
+__all__ = ["cuda_aware", "cuda_runtime_info", "gpu_copy_counts", "local_rank", "local_size",
+           "plan_staging", "reset_gpu_copy_counts", "set_cuda_aware", "set_staging_chunk"]
 
 
 @functools.cache
@@ -42,8 +50,6 @@ def set_cuda_aware(value: bool | None) -> None:
     """
     global _override
     _override = None if value is None else bool(value)
-    from . import _cuda
-
     _cuda._forget_cuda_aware()
 
 
