@@ -95,7 +95,7 @@ def test_info_prints_every_field(nprocs):
     assert rc == 0, out
     for field in ("fastreduce", "mpi4py", "torch", "built against", "running on",
                   "linked libmpi", "MPI standard", "thread level", "large counts",
-                  "16-bit floats", "CUDA-aware", "torch buffers", "size", "ranks"):
+                  "16-bit floats", "CUDA-aware", "CUDA runtime", "torch buffers", "size", "ranks"):
         assert re.search(rf"^ *{re.escape(field)} : \S", out, re.M), (field, out)
     assert len(re.findall(r"\d+@\S+ \(local \d+/\d+\)", out)) == nprocs, out
     assert f"local {nprocs - 1}/{nprocs}" in out

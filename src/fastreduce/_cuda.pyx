@@ -363,6 +363,14 @@ def reset_copy_counts() -> None:
     _stream_syncs = _event_syncs = _pinned_allocs = 0
 
 
+def find_runtime() -> str:
+    """Load the CUDA runtime now (it is otherwise loaded at the first GPU tensor) and say
+    which one; RuntimeError naming what was tried when none can be loaded."""
+    load_runtime("fastreduce-info", 0)
+    info = runtime_info()
+    return f"{info['path']} (CUDA {info['version']})"
+
+
 def runtime_info() -> dict:
     """The CUDA runtime fastreduce loaded: its path and version (None until first GPU use)."""
     cdef int version = 0

@@ -26,6 +26,7 @@ import torch
 from mpi4py import MPI
 
 from ._collectives import default_comm, iallreduce_
+from .runtime import cuda_aware
 
 __all__ = ["GradientSync"]
 
@@ -107,9 +108,12 @@ class GradientSync:
 
     def sync_parameters(self) -> None:
         """Copy rank 0's parameters and buffers to every rank (collective)."""
+        through_host = not cuda_aware()[0]
         with torch.no_grad():
             for t in list(self.module.parameters()) + list(self.module.buffers()):
                 data = t.data if t.is_contiguous() else t.data.contiguous()
+                if data.device.type != "cpu" and through_host:
+                    data = data.cpu()  # an MPI that cannot read GPU memory gets host memory
                 self.comm.Bcast(data, root=0)
                 if data is not t.data:
                     t.data.copy_(data)

@@ -18,7 +18,7 @@ def collect() -> dict:
     from mpi4py import MPI
 
     import fastreduce
-    from fastreduce import _buffer, _errors, runtime
+    from fastreduce import _buffer, _cuda, _errors, runtime
 
     family, version = _errors.build_mpi()
     thread_names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
@@ -32,6 +32,10 @@ def collect() -> dict:
         exchange_text = "yes (DLPack C exchange API)" if exchange else "no (__dlpack__ fallback)"
     except ImportError:
         torch_version, exchange_text = "not installed", "n/a (torch not installed)"
+    try:
+        cuda_runtime = _cuda.find_runtime()
+    except RuntimeError:
+        cuda_runtime = "none found (GPU tensors unavailable; set FASTREDUCE_CUDART)"
     world = MPI.COMM_WORLD
     return {
         "fastreduce": fastreduce.__version__,
@@ -48,6 +52,7 @@ def collect() -> dict:
         "16-bit floats": "; ".join(f"{k}: {v}"
                                    for k, v in fastreduce.half_precision_paths().items()),
         "CUDA-aware": f"{'yes' if aware else 'no'} ({how})",
+        "CUDA runtime": cuda_runtime,
         "torch buffers": exchange_text,
         "rank": world.Get_rank(),
         "size": world.Get_size(),
