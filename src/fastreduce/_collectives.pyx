@@ -16,8 +16,8 @@ from libc.string cimport memcpy
 from ._buffer cimport BufferView, acquire, check_same_layout, device_name, new_like
 from ._cuda cimport (
     MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, chunk_bytes, copy_async, cudaStream_t,
-    event_record, event_sync, staging_give, staging_take, stream_sync, stream_wait_event,
-    use_cuda_aware,
+    event_record, event_sync, staging_give, staging_order, staging_release, staging_take,
+    stream_sync, stream_wait_event, use_cuda_aware,
 )
 from ._dlpack cimport kDLCPU, kDLCUDA, kDLCUDAManaged
 from ._dtypes cimport NKINDS
@@ -231,14 +231,13 @@ cdef int _staged_whole(BufferView* x, BufferView* result, const Reduction* red, 
     cdef Staging* ctx = staging_take(x.device_id, nbytes)
     try:
         with nogil:
-            stream_wait_event(stream, ctx.done)  # the buffer's last reader has finished
+            staging_order(ctx, stream)  # the buffer's last reader has finished
             copy_async(ctx.host, x.data, nbytes, MEMCPY_D2H, stream)
-            event_record(ctx.d2h[0], stream)
-            event_sync(ctx.d2h[0])
+            stream_sync(stream)
         _run(MPI_IN_PLACE, ctx.host, x.count, red, comm)
         with nogil:
             copy_async(result.data, ctx.host, nbytes, MEMCPY_H2D, stream)
-            event_record(ctx.done, stream)
+            staging_release(ctx, stream)
             if x.own_stream:
                 event_sync(ctx.done)
     except BaseException:
@@ -273,7 +272,7 @@ cdef int _staged_pipelined(BufferView* x, BufferView* result, const Reduction* r
         with nogil:
             event_record(ctx.start, stream)  # after the producer's queued work
             stream_wait_event(ctx.d2h_stream, ctx.start)
-            stream_wait_event(ctx.d2h_stream, ctx.done)  # the slots' last reader has finished
+            staging_order(ctx, ctx.d2h_stream)  # the slots' last reader has finished
             stream_wait_event(ctx.h2d_stream, ctx.start)
             for j in range(nslots):
                 _stage_in(ctx, x, j, chunk, nbytes)
@@ -292,7 +291,7 @@ cdef int _staged_pipelined(BufferView* x, BufferView* result, const Reduction* r
                     stream_wait_event(ctx.d2h_stream, ctx.h2d[slot])
                     _stage_in(ctx, x, j, chunk, nbytes)
         with nogil:
-            event_record(ctx.done, ctx.h2d_stream)
+            staging_release(ctx, ctx.h2d_stream)
             stream_wait_event(stream, ctx.done)  # later work on the producer's stream
             if x.own_stream:
                 event_sync(ctx.done)
@@ -405,7 +404,7 @@ cdef class Request:
         try:
             with nogil:
                 copy_async(self.device_dst, ctx.host, nbytes, MEMCPY_H2D, self.stream)
-                event_record(ctx.done, self.stream)
+                staging_release(ctx, self.stream)
                 if self.own_stream:
                     event_sync(ctx.done)
         except BaseException:
@@ -538,11 +537,10 @@ cdef Request _device_start(BufferView* x, BufferView* result, const Reduction* r
     cdef Request req
     try:
         with nogil:
-            stream_wait_event(stream, ctx.done)
+            staging_order(ctx, stream)
             if nbytes:
                 copy_async(ctx.host, x.data, nbytes, MEMCPY_D2H, stream)
-            event_record(ctx.d2h[0], stream)
-            event_sync(ctx.d2h[0])
+            stream_sync(stream)
         req = _start(MPI_IN_PLACE, ctx.host, x.count, red, handle, comm, out, keep)
     except BaseException:
         _drain(ctx, stream)
@@ -748,15 +746,14 @@ cdef int _coalesced_device(BufferView* views, int n, int64_t* counts, const Redu
         ctx = staging_take(views[0].device_id, counts[k] * itemsize)
         try:
             with nogil:
-                stream_wait_event(stream, ctx.done)
+                staging_order(ctx, stream)
                 offset = 0
                 for i in range(n):
                     if views[i].kind == k and views[i].count:
                         copy_async(ctx.host + offset, views[i].data, views[i].count * itemsize,
                                    MEMCPY_D2H, stream)
                         offset += views[i].count * itemsize
-                event_record(ctx.d2h[0], stream)
-                event_sync(ctx.d2h[0])
+                stream_sync(stream)
             _run(MPI_IN_PLACE, ctx.host, counts[k], reds[k], handle)
             with nogil:
                 offset = 0
@@ -765,7 +762,7 @@ cdef int _coalesced_device(BufferView* views, int n, int64_t* counts, const Redu
                         copy_async(views[i].data, ctx.host + offset, views[i].count * itemsize,
                                    MEMCPY_H2D, stream)
                         offset += views[i].count * itemsize
-                event_record(ctx.done, stream)
+                staging_release(ctx, stream)
                 if views[0].own_stream:
                     event_sync(ctx.done)
         except BaseException:

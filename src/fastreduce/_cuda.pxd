@@ -20,6 +20,7 @@ ctypedef struct Staging:
     cudaStream_t h2d_stream
     cudaEvent_t start                # recorded on the producer's stream
     cudaEvent_t done                 # the last GPU use of `host`
+    cudaStream_t done_stream         # ... recorded on this stream
     cudaEvent_t d2h[STAGING_SLOTS]
     cudaEvent_t h2d[STAGING_SLOTS]
     char* host                       # pinned (cudaHostAlloc)
@@ -40,3 +41,5 @@ cdef int stream_sync(cudaStream_t stream) except -1 nogil
 cdef int event_record(cudaEvent_t event, cudaStream_t stream) except -1 nogil
 cdef int event_sync(cudaEvent_t event) except -1 nogil
 cdef int stream_wait_event(cudaStream_t stream, cudaEvent_t event) except -1 nogil
+cdef int staging_order(Staging* ctx, cudaStream_t stream) except -1 nogil
+cdef int staging_release(Staging* ctx, cudaStream_t stream) except -1 nogil

@@ -241,6 +241,20 @@ cdef int stream_wait_event(cudaStream_t stream, cudaEvent_t event) except -1 nog
 
 # --- staging contexts -----------------------------------------------------------------
 
+cdef int staging_order(Staging* ctx, cudaStream_t stream) except -1 nogil:
+    """Order `stream` after the last GPU use of ctx's pinned memory (free on its own stream)."""
+    if ctx.done_stream != stream:
+        stream_wait_event(stream, ctx.done)
+    return 0
+
+
+cdef int staging_release(Staging* ctx, cudaStream_t stream) except -1 nogil:
+    """Mark the end of ctx's pinned memory's use by the work queued so far on `stream`."""
+    event_record(ctx.done, stream)
+    ctx.done_stream = stream
+    return 0
+
+
 cdef int _new_event(cudaEvent_t* event) except -1:
     return _check(_EventCreateWithFlags(event, cudaEventDisableTiming),
                   b"cudaEventCreateWithFlags")
