@@ -24,3 +24,12 @@ double floor_allreduce(MPI_Fint fcomm, const void *sendbuf, void *recvbuf, int c
   }
   return (MPI_Wtime() - start) / iters;
 }
+
+/* One MPI_Allreduce (float32 sum; sendbuf == NULL means in place) and nothing
+ * else, for loops that time it together with other work (bench/gpu_bench.py:
+ * copies to and from a GPU). Returns the MPI error code. */
+int floor_allreduce_once(MPI_Fint fcomm, const void *sendbuf, void *recvbuf, int count)
+{
+  return MPI_Allreduce(sendbuf ? sendbuf : MPI_IN_PLACE, recvbuf, count, MPI_FLOAT, MPI_SUM,
+                       MPI_Comm_f2c(fcomm));
+}

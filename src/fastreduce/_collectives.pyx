@@ -403,7 +403,8 @@ cdef class Request:
         cdef size_t nbytes = self.count * self.red.itemsize
         try:
             with nogil:
-                copy_async(self.device_dst, ctx.host, nbytes, MEMCPY_H2D, self.stream)
+                if nbytes:
+                    copy_async(self.device_dst, ctx.host, nbytes, MEMCPY_H2D, self.stream)
                 staging_release(ctx, self.stream)
                 if self.own_stream:
                     event_sync(ctx.done)

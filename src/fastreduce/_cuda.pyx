@@ -242,7 +242,11 @@ cdef int stream_wait_event(cudaStream_t stream, cudaEvent_t event) except -1 nog
 # --- staging contexts -----------------------------------------------------------------
 
 cdef int staging_order(Staging* ctx, cudaStream_t stream) except -1 nogil:
-    """Order `stream` after the last GPU use of ctx's pinned memory (free on its own stream)."""
+    """Order `stream` after the last GPU use of ctx's pinned memory (free on its own stream).
+
+    Assumes a stream handle is not destroyed and reused while its work is queued
+    (torch and cupy keep their streams for the life of the process).
+    """
     if ctx.done_stream != stream:
         stream_wait_event(stream, ctx.done)
     return 0

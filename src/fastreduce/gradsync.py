@@ -112,8 +112,11 @@ class GradientSync:
         with torch.no_grad():
             for t in list(self.module.parameters()) + list(self.module.buffers()):
                 data = t.data if t.is_contiguous() else t.data.contiguous()
-                if data.device.type != "cpu" and through_host:
-                    data = data.cpu()  # an MPI that cannot read GPU memory gets host memory
+                if data.device.type != "cpu":
+                    if through_host:  # an MPI that cannot read GPU memory gets host memory
+                        data = data.cpu()
+                    else:  # MPI reads the device memory: let queued writes finish first
+                        torch.cuda.current_stream(data.device).synchronize()
                 self.comm.Bcast(data, root=0)
                 if data is not t.data:
                     t.data.copy_(data)

@@ -1,0 +1,55 @@
+"""fastreduce on torch CUDA tensors (the staged path) on 2 and 4 ranks sharing the GPUs.
+
+Needs torch with CUDA and a GPU; skipped otherwise. The MPI need not be CUDA-aware: the
+worker forces the staged path (device -> pinned host -> MPI -> device). Run only these
+with `python -m pytest -m gpu`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from mpirun import run_workers
+
+pytestmark = pytest.mark.gpu
+
+TIMEOUT = 480  # seconds per job; the worker takes well under 2 minutes on 4 ranks, 1 GPU
+
+
+@functools.cache
+def _no_cuda_reason() -> str | None:
+    """Why the GPU tests cannot run here, or None when they can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return (f"no usable CUDA device: torch {torch.__version__} (CUDA "
+                f"{torch.version.cuda or 'none: a CPU build'}) says "
+                f"torch.cuda.is_available() is False")
+    return None
+
+
+def require_cuda() -> None:
+    reason = _no_cuda_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_cuda_tensors(nprocs):
+    """Every dtype x op x shape x form vs the CPU path, stream ordering (with a check that
+    can fail), copy counts, coalesced, bad input, layers and GradientSync on CUDA."""
+    require_cuda()
+    out = run_workers("gpu_torch.py", nprocs, timeout=TIMEOUT)
+    assert f"on {nprocs} ranks, 0 failed" in out
+
+
+def test_gradient_sync_broadcasts_cuda_parameters():
+    """GradientSync(model) on a CUDA model (broadcast_parameters=True, the default) copies
+    rank 0's parameters to every rank with an MPI that cannot read GPU memory. A job of its
+    own: handing a device pointer to such an MPI crashes the process."""
+    require_cuda()
+    out = run_workers("gpu_torch.py", 2, "--sections", "gradsync_broadcast", timeout=TIMEOUT)
+    assert "on 2 ranks, 0 failed" in out
