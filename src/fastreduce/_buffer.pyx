@@ -52,8 +52,8 @@ cdef dict _DEVICE_NAMES = {
 
 cdef str device_name(int device_type, int device_id):
     """'cpu', 'cuda:1', ...: a DLPack device as users write it."""
-    if device_type == kDLCPU:
-        return "cpu"
+    if device_type == kDLCPU or device_type == kDLCUDAHost or device_type == kDLROCMHost:
+        return _DEVICE_NAMES[device_type]  # host memory: no device number
     return f"{_DEVICE_NAMES.get(device_type, f'DLPack device type {device_type}')}:{device_id}"
 
 

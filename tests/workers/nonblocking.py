@@ -133,7 +133,7 @@ expect(ValueError, ["'avg'", "int64"],
 from fake_dlpack import FakeTensor  # noqa: E402
 
 host = np.ones(3, np.float32)
-expect(ValueError, ["tensors[1] is on device", "one device"],
+expect(ValueError, ["tensors[1] is on cpu (CUDA pinned)", "tensors[0] on cpu", "one device"],
        lambda: fastreduce.allreduce_coalesced_([np.ones(3, np.float32),
                                                 FakeTensor(host, device=(3, 0))]))
 fails.finish()
