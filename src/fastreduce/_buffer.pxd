@@ -14,6 +14,7 @@ ctypedef struct BufferView:
     int32_t device_type
     int32_t device_id
     const DLPackExchangeAPI* api  # the C exchange API of the object's type, or NULL
+    bint on_device                # CUDA device or managed memory (not host, not pinned host)
     void* stream                  # GPU memory: the stream whose queued work produced it
     bint own_stream               # `stream` is fastreduce's: finish on the host before return
 

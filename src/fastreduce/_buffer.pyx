@@ -88,7 +88,7 @@ cdef object acquire(object obj, BufferView* view, bint writable, str role):
         api.dltensor_from_py_object_no_sync(<void*>obj, &dl)
         _fill_view(&dl, view, 0, writable, role)
         view.api = api
-        if view.device_type != kDLCPU:
+        if view.on_device:
             _producer_stream(view, role)
         return None
     return _acquire_from_capsule(obj, view, writable, role)
@@ -96,8 +96,6 @@ cdef object acquire(object obj, BufferView* view, bint writable, str role):
 
 cdef int _producer_stream(BufferView* view, str role) except -1:
     """The framework's current work stream for view's device (exchange API producers)."""
-    if view.device_type == kDLCUDAHost:
-        return 0
     require_device(view.device_type, view.device_id, role)
     view.stream = NULL  # the legacy default stream, if the framework names none
     if view.api.current_work_stream != NULL:
@@ -160,7 +158,7 @@ cdef object _acquire_from_capsule(object obj, BufferView* view, bint writable, s
             f"fastreduce: {role}.__dlpack__() returned {type(capsule).__name__}, "
             f"not an unconsumed DLPack capsule")
     view.api = NULL
-    if view.device_type == kDLCUDA or view.device_type == kDLCUDAManaged:
+    if view.on_device:
         if stream is None:  # exported for the legacy default stream
             require_device(view.device_type, view.device_id, role)
         view.stream = <void*><size_t>(stream or 0)
@@ -210,6 +208,7 @@ cdef int _fill_view(const DLTensor* dl, BufferView* view, uint64_t flags, bint w
     view.shape = dl.shape
     view.device_type = dl.device.device_type
     view.device_id = dl.device.device_id
+    view.on_device = device == kDLCUDA or device == kDLCUDAManaged
     view.stream = NULL
     view.own_stream = False
     return 0

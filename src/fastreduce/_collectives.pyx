@@ -19,7 +19,7 @@ from ._cuda cimport (
     event_record, event_sync, staging_give, staging_order, staging_release, staging_take,
     stream_sync, stream_wait_event, use_cuda_aware,
 )
-from ._dlpack cimport kDLCPU, kDLCUDA, kDLCUDAManaged
+from ._dlpack cimport kDLCUDA, kDLCUDAManaged
 from ._dtypes cimport NKINDS
 from ._errors cimport CHKERR
 from ._libmpi cimport *
@@ -130,7 +130,7 @@ def allreduce_(x, op="sum", *, comm=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     _owner = _prepare(x, op, comm, True, &view, &handle, &red)
-    if view.device_type == kDLCPU:
+    if not view.on_device:
         _run(MPI_IN_PLACE, view.data, view.count, red, handle)
     else:
         _device_run(&view, &view, red, handle)
@@ -157,7 +157,7 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     _owner = _prepare(x, op, comm, False, &view, &handle, &red)
     out = _prepare_out(x, out, &view, &result)
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
-    if view.device_type == kDLCPU:
+    if not view.on_device:
         _run(sendbuf, result.data, view.count, red, handle)
     else:
         _device_run(&view, &result, red, handle)
@@ -499,7 +499,7 @@ def iallreduce_(x, op="sum", *, comm=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
-    if view.device_type != kDLCPU:
+    if view.on_device:
         return _device_start(&view, &view, red, handle, comm, x, (x, owner))
     return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
                   default_comm() if comm is None else comm, x, (x, owner))
@@ -513,7 +513,7 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     owner = _prepare(x, op, comm, False, &view, &handle, &red)
     out = _prepare_out(x, out, &view, &result)
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
-    if view.device_type != kDLCPU:
+    if view.on_device:
         return _device_start(&view, &result, red, handle, comm, out, (x, owner, out))
     return _start(sendbuf, result.data, view.count, red, handle,
                   default_comm() if comm is None else comm, out, (x, owner, out))
@@ -680,7 +680,7 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
             if reds[views[i].kind] == NULL:
                 reds[views[i].kind] = get_reduction(views[i].kind, code)
             counts[views[i].kind] += views[i].count
-        if views[0].device_type == kDLCUDA or views[0].device_type == kDLCUDAManaged:
+        if views[0].on_device:
             for i in range(1, n):  # the copies go on tensors[0]'s stream
                 if views[i].stream != views[0].stream:
                     with nogil:
@@ -789,7 +789,7 @@ def _reduce_local(inbuf, inoutbuf, op="sum"):
     _owner_a = acquire(inbuf, &a, False, "inbuf")
     _owner_b = acquire(inoutbuf, &b, True, "inoutbuf")
     check_same_layout(&a, &b)
-    if a.device_type != kDLCPU:
+    if a.on_device:
         raise TypeError("_reduce_local takes host memory")
     cdef const Reduction* red = get_reduction(a.kind, op_code(op))
     CHKERR(MPI_Reduce_local(a.data, b.data, <int>a.count, red.datatype, red.op))

@@ -285,6 +285,16 @@ mine, fake = counted(lambda: fastreduce.allreduce_(g))
 check(same(g.to_numpy(), host_result("int64", "sum", values)), "managed memory")
 check(mine["d2h_copies"] == 0 == fake["d2h_copies"], "managed memory: no copies")
 
+# pinned host memory (CUDA's or ROCm's) is host memory: the host path, no CUDA involved
+for device_type in (3, 11):
+    values = rank_values("float32", 1001, rank)
+    a = values.copy()
+    mine, fake = counted(lambda a=a, t=device_type: fastreduce.allreduce_(
+        FakeTensor(a, device=(t, 0))))
+    check(same(a, host_result("float32", "sum", values)), f"pinned host memory ({device_type})")
+    check(mine["d2h_copies"] + mine["stream_syncs"] + mine["event_syncs"] == 0
+          and fake["d2h_copies"] == 0, f"pinned host memory ({device_type}): no CUDA calls")
+
 # --- non-blocking: dropped requests, wait_all mixing host and GPU ------------------------------
 values = rank_values("float64", 1001, rank)
 want = host_result("float64", "sum", values)
