@@ -133,7 +133,7 @@ def allreduce_(x, op="sum", *, comm=None):
     if not view.on_device:
         _run(MPI_IN_PLACE, view.data, view.count, red, handle)
     else:
-        _device_run(&view, &view, red, handle)
+        _device_run(&view, &view, MPI_IN_PLACE, red, handle)
     return x
 
 
@@ -160,7 +160,7 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     if not view.on_device:
         _run(sendbuf, result.data, view.count, red, handle)
     else:
-        _device_run(&view, &result, red, handle)
+        _device_run(&view, &result, sendbuf, red, handle)
     return out
 
 
@@ -188,9 +188,24 @@ cdef int _wait_producers(BufferView* x, BufferView* result) except -1:
     """Host-wait for the work queued on x's (and result's) stream, for a direct call."""
     with nogil:
         stream_sync(<cudaStream_t>x.stream)
-        if result.stream != x.stream:
+    return _wait_out_producer(x, result)
+
+
+cdef int _wait_out_producer(BufferView* x, BufferView* result) except -1:
+    """An out from another producer (another stream): host-wait for its queued work."""
+    if result.stream != x.stream:
+        with nogil:
             stream_sync(<cudaStream_t>result.stream)
     return 0
+
+
+cdef int _copy_in_whole(Staging* ctx, BufferView* x, size_t nbytes,
+                        cudaStream_t stream) except -1 nogil:
+    """x to the context's pinned memory on x's stream, and wait on the host until it is there."""
+    staging_order(ctx, stream)  # the buffer's last reader has finished
+    if nbytes:
+        copy_async(ctx.host, x.data, nbytes, MEMCPY_D2H, stream)
+    return stream_sync(stream)
 
 
 cdef void _drain(Staging* ctx, cudaStream_t stream) noexcept:
@@ -205,16 +220,13 @@ cdef void _drain(Staging* ctx, cudaStream_t stream) noexcept:
         pass
 
 
-cdef int _device_run(BufferView* x, BufferView* result, const Reduction* red,
-                     MPI_Comm comm) except -1:
-    """Blocking all-reduce of GPU memory x into result (x itself when in place)."""
-    cdef const void* sendbuf = MPI_IN_PLACE if result.data == x.data else x.data
+cdef int _device_run(BufferView* x, BufferView* result, const void* sendbuf,
+                     const Reduction* red, MPI_Comm comm) except -1:
+    """Blocking all-reduce of GPU memory x into result (sendbuf: MPI_IN_PLACE or x's data)."""
     if _direct(x, red):
         _wait_producers(x, result)
         return _run(sendbuf, result.data, x.count, red, comm)
-    if result.stream != x.stream:  # an out from another producer: its work first
-        with nogil:
-            stream_sync(<cudaStream_t>result.stream)
+    _wait_out_producer(x, result)
     cdef int64_t nbytes = x.count * red.itemsize
     cdef int64_t chunk = chunk_bytes(nbytes)
     if nbytes == 0:
@@ -231,9 +243,7 @@ cdef int _staged_whole(BufferView* x, BufferView* result, const Reduction* red, 
     cdef Staging* ctx = staging_take(x.device_id, nbytes)
     try:
         with nogil:
-            staging_order(ctx, stream)  # the buffer's last reader has finished
-            copy_async(ctx.host, x.data, nbytes, MEMCPY_D2H, stream)
-            stream_sync(stream)
+            _copy_in_whole(ctx, x, nbytes, stream)
         _run(MPI_IN_PLACE, ctx.host, x.count, red, comm)
         with nogil:
             copy_async(result.data, ctx.host, nbytes, MEMCPY_H2D, stream)
@@ -500,7 +510,7 @@ def iallreduce_(x, op="sum", *, comm=None):
     cdef const Reduction* red = NULL
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
     if view.on_device:
-        return _device_start(&view, &view, red, handle, comm, x, (x, owner))
+        return _device_start(&view, &view, MPI_IN_PLACE, red, handle, comm, x, (x, owner))
     return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
                   default_comm() if comm is None else comm, x, (x, owner))
 
@@ -514,34 +524,30 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     out = _prepare_out(x, out, &view, &result)
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if view.on_device:
-        return _device_start(&view, &result, red, handle, comm, out, (x, owner, out))
+        return _device_start(&view, &result, sendbuf, red, handle, comm, out,
+                             (x, owner, out))
     return _start(sendbuf, result.data, view.count, red, handle,
                   default_comm() if comm is None else comm, out, (x, owner, out))
 
 
-cdef Request _device_start(BufferView* x, BufferView* result, const Reduction* red,
-                           MPI_Comm handle, object comm, object out, object keep):
+cdef Request _device_start(BufferView* x, BufferView* result, const void* sendbuf,
+                           const Reduction* red, MPI_Comm handle, object comm, object out,
+                           object keep):
     """Start a non-blocking all-reduce of GPU memory: direct, or staged through pinned
     memory (copied in now; copied out by the wait or test that sees MPI finish)."""
     if comm is None:
         comm = default_comm()
     if _direct(x, red):
         _wait_producers(x, result)
-        return _start(MPI_IN_PLACE if result.data == x.data else x.data, result.data, x.count,
-                      red, handle, comm, out, keep)
+        return _start(sendbuf, result.data, x.count, red, handle, comm, out, keep)
     cdef cudaStream_t stream = <cudaStream_t>x.stream
     cdef size_t nbytes = x.count * red.itemsize
-    if result.stream != x.stream:
-        with nogil:
-            stream_sync(<cudaStream_t>result.stream)
+    _wait_out_producer(x, result)
     cdef Staging* ctx = staging_take(x.device_id, nbytes)
     cdef Request req
     try:
         with nogil:
-            staging_order(ctx, stream)
-            if nbytes:
-                copy_async(ctx.host, x.data, nbytes, MEMCPY_D2H, stream)
-            stream_sync(stream)
+            _copy_in_whole(ctx, x, nbytes, stream)
         req = _start(MPI_IN_PLACE, ctx.host, x.count, red, handle, comm, out, keep)
     except BaseException:
         _drain(ctx, stream)
