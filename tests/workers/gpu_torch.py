@@ -34,6 +34,7 @@ import zlib
 import numpy as np
 import torch
 from common import WORLD, Failures
+from models import MLP
 from mpi4py import MPI
 
 import fastreduce
@@ -590,21 +591,6 @@ def section_layers() -> None:
             for integral in (True, False):
                 fails.run(f"{label} {dtype} integral={integral}", layer_case, label, fn, dtype,
                           integral)
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(
-            torch.nn.Linear(a, b, dtype=dtype) for a, b in [(6, 32), (32, 32), (32, 16), (16, 3)])
-        self.unused = torch.nn.Linear(4, 4, dtype=dtype)  # never gets a gradient
-        self.sometimes = torch.nn.Linear(3, 3, dtype=dtype)  # a gradient on some ranks only
-
-    def forward(self, x, use_sometimes):
-        for layer in self.layers[:-1]:
-            x = torch.tanh(layer(x))
-        x = self.layers[-1](x)
-        return self.sometimes(x) if use_sometimes else x
 
 
 def gradsync_case(dtype: torch.dtype, bucket_mb: float, steps: int = 4) -> None:

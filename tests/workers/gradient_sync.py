@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import torch
 from common import WORLD, Failures
+from models import MLP
 
 import fastreduce
 
 fails = Failures()
 p, rank = WORLD.size, WORLD.rank
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, dtype):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(
-            torch.nn.Linear(a, b, dtype=dtype) for a, b in [(6, 32), (32, 32), (32, 16), (16, 3)])
-        self.unused = torch.nn.Linear(4, 4, dtype=dtype)  # never gets a gradient
-        self.sometimes = torch.nn.Linear(3, 3, dtype=dtype)  # a gradient on some ranks only
-
-    def forward(self, x, use_sometimes):
-        for layer in self.layers[:-1]:
-            x = torch.tanh(layer(x))
-        x = self.layers[-1](x)
-        return self.sometimes(x) if use_sometimes else x
-
-
 expect = fails.expect
+
 
 def train(dtype, bucket_mb, steps=4):
     torch.manual_seed(1234 + rank)  # different initial weights: sync must make them equal
