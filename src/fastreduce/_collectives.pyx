@@ -15,15 +15,16 @@ from libc.string cimport memcpy
 
 from ._buffer cimport BufferView, acquire, check_same_layout, device_name, new_like
 from ._cuda cimport (
-    MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, chunk_bytes, copy_async, cudaStream_t,
-    event_record, event_sync, staging_give, staging_order, staging_release, staging_take,
-    stream_sync, stream_wait_event, use_cuda_aware,
+    MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, check_not_capturing, chunk_bytes,
+    consumer_stream, copy_async, cudaStream_t, event_record, event_sync, require_device,
+    staging_give, staging_order, staging_release, staging_take, stream_sync, stream_wait_event,
 )
 from ._dlpack cimport kDLCUDA, kDLCUDAManaged
-from ._dtypes cimport NKINDS
+from ._dtypes cimport KIND_FLOAT32, NKINDS
 from ._errors cimport CHKERR
+from ._gpupath cimport PATH_DIRECT, PATH_STAGED, choose_path
 from ._libmpi cimport *
-from ._ops cimport Reduction, get_reduction, op_code
+from ._ops cimport OP_SUM, Reduction, get_reduction, op_code
 
 import atexit
 import weakref
@@ -36,6 +37,7 @@ cdef extern from "_halfops.h" nogil:
 cdef MPI_Comm _default_handle = MPI_COMM_NULL
 cdef object _default_comm = None
 cdef int64_t _count_limit = INT_MAX
+cdef int64_t _mpi_calls = 0  # MPI_Allreduce calls made by _run (the calibration counts them)
 
 
 def default_comm():
@@ -76,6 +78,7 @@ cdef int _resolve_comm(object comm, MPI_Comm* out) except -1:
 cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
               MPI_Comm comm) except -1:
     """MPI_Allreduce of `count` elements, in chunks or large-count where needed, then avg."""
+    global _mpi_calls
     cdef int ierr = MPI_SUCCESS
     cdef int size = 1
     cdef int64_t limit = _count_limit
@@ -84,12 +87,15 @@ cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction
     cdef int64_t stride = red.itemsize
     with nogil:
         if count <= limit:
+            _mpi_calls += 1
             ierr = MPI_Allreduce(sendbuf, recvbuf, <int>count, red.datatype, red.op, comm)
         elif FASTREDUCE_HAVE_LARGE_COUNT and red.predefined:
+            _mpi_calls += 1
             ierr = fr_allreduce_large(sendbuf, recvbuf, count, red.datatype, red.op, comm)
         else:
             while offset < count and ierr == MPI_SUCCESS:
                 n = min(limit, count - offset)
+                _mpi_calls += 1
                 ierr = MPI_Allreduce(
                     sendbuf if sendbuf == MPI_IN_PLACE else <const char*>sendbuf + offset * stride,
                     recvbuf + offset * stride, <int>n, red.datatype, red.op, comm)
@@ -133,7 +139,7 @@ def allreduce_(x, op="sum", *, comm=None):
     if not view.on_device:
         _run(MPI_IN_PLACE, view.data, view.count, red, handle)
     else:
-        _device_run(&view, &view, MPI_IN_PLACE, red, handle)
+        _device_run(&view, &view, MPI_IN_PLACE, red, handle, comm)
     return x
 
 
@@ -160,7 +166,7 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     if not view.on_device:
         _run(sendbuf, result.data, view.count, red, handle)
     else:
-        _device_run(&view, &result, sendbuf, red, handle)
+        _device_run(&view, &result, sendbuf, red, handle, comm)
     return out
 
 
@@ -168,20 +174,23 @@ def allreduce(x, op="sum", *, comm=None, out=None):
 #
 # Three ways, chosen per call:
 # - managed memory: the host can read it once the producer's stream is done;
-# - CUDA-aware MPI (fastreduce.cuda_aware()): the device pointer goes to MPI after
-#   the producer's stream is done; no copies. MPI's own ops only: fastreduce's
-#   16-bit ops and the division of "avg" run on the host, so those are staged;
+# - direct: the device pointer goes to MPI after the producer's stream is done; no
+#   copies. Only where the MPI promises to take device pointers for that call
+#   (blocking or not, 16-bit or not) and with MPI's own ops, and where the mode
+#   and size table choose it (_gpupath.choose_path);
 # - staged: device -> pinned host on the producer's stream, MPI on the host,
 #   host -> device; large messages in a ring of pipelined chunks (_cuda.chunk_bytes).
 # Results are ordered before later work on the producer's stream; when the stream
 # is fastreduce's own (producers without the C exchange API) the call also waits
 # for them on the host, since the producer's later work is on a stream we do not know.
+# Nothing is queued on a stream that is being captured into a CUDA graph.
 
-cdef inline bint _direct(BufferView* x, const Reduction* red) except -1:
-    """Whether MPI reads x's memory itself (managed memory, or a CUDA-aware MPI)."""
-    if x.device_type == kDLCUDAManaged:
-        return True
-    return red.predefined and red.divide_kind < 0 and use_cuda_aware()
+cdef int _check_capture(BufferView* x, BufferView* result) except -1:
+    """RuntimeError when x's (or result's) stream is capturing a CUDA graph."""
+    check_not_capturing(<cudaStream_t>x.stream, "x")
+    if result.stream != x.stream:
+        check_not_capturing(<cudaStream_t>result.stream, "out")
+    return 0
 
 
 cdef int _wait_producers(BufferView* x, BufferView* result) except -1:
@@ -221,9 +230,20 @@ cdef void _drain(Staging* ctx, cudaStream_t stream) noexcept:
 
 
 cdef int _device_run(BufferView* x, BufferView* result, const void* sendbuf,
-                     const Reduction* red, MPI_Comm comm) except -1:
+                     const Reduction* red, MPI_Comm handle, object comm) except -1:
     """Blocking all-reduce of GPU memory x into result (sendbuf: MPI_IN_PLACE or x's data)."""
-    if _direct(x, red):
+    _check_capture(x, result)
+    if x.device_type == kDLCUDAManaged:
+        _wait_producers(x, result)
+        return _run(sendbuf, result.data, x.count, red, handle)
+    cdef int path = choose_path(comm, handle, x.count * red.itemsize, False, red, x.kind)
+    return _device_run_path(x, result, sendbuf, red, handle, path)
+
+
+cdef int _device_run_path(BufferView* x, BufferView* result, const void* sendbuf,
+                          const Reduction* red, MPI_Comm comm, int path) except -1:
+    """_device_run by the given path (PATH_DIRECT or PATH_STAGED)."""
+    if path == PATH_DIRECT:
         _wait_producers(x, result)
         return _run(sendbuf, result.data, x.count, red, comm)
     _wait_out_producer(x, result)
@@ -535,9 +555,14 @@ cdef Request _device_start(BufferView* x, BufferView* result, const void* sendbu
                            object keep):
     """Start a non-blocking all-reduce of GPU memory: direct, or staged through pinned
     memory (copied in now; copied out by the wait or test that sees MPI finish)."""
+    _check_capture(x, result)
+    cdef bint direct = x.device_type == kDLCUDAManaged
+    if not direct:
+        direct = choose_path(comm, handle, x.count * red.itemsize, True, red,
+                             x.kind) == PATH_DIRECT
     if comm is None:
         comm = default_comm()
-    if _direct(x, red):
+    if direct:
         _wait_producers(x, result)
         return _start(sendbuf, result.data, x.count, red, handle, comm, out, keep)
     cdef cudaStream_t stream = <cudaStream_t>x.stream
@@ -687,12 +712,15 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
                 reds[views[i].kind] = get_reduction(views[i].kind, code)
             counts[views[i].kind] += views[i].count
         if views[0].on_device:
+            for i in range(n):
+                if i == 0 or views[i].stream != views[0].stream:
+                    check_not_capturing(<cudaStream_t>views[i].stream, f"tensors[{i}]")
             for i in range(1, n):  # the copies go on tensors[0]'s stream
                 if views[i].stream != views[0].stream:
                     with nogil:
                         stream_sync(<cudaStream_t>views[i].stream)
             if views[0].device_type == kDLCUDA:
-                _coalesced_device(views, n, counts, reds, handle)
+                _coalesced_device(views, n, counts, reds, handle, comm)
                 return tensors
             with nogil:  # managed memory: the host path, once the producer is done
                 stream_sync(<cudaStream_t>views[0].stream)
@@ -728,9 +756,10 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
 
 
 cdef int _coalesced_device(BufferView* views, int n, int64_t* counts, const Reduction** reds,
-                           MPI_Comm handle) except -1:
-    """The coalesced call on CUDA memory: per dtype, direct calls (CUDA-aware MPI, no
-    copies: one MPI call per tensor) or one MPI call on a pinned flat buffer."""
+                           MPI_Comm handle, object comm) except -1:
+    """The coalesced call on CUDA memory: per dtype, direct calls (no copies: one MPI call
+    per tensor) or one MPI call on a pinned flat buffer; the path is chosen (as one call)
+    for the dtype's total bytes."""
     cdef cudaStream_t stream = <cudaStream_t>views[0].stream
     cdef bint synced = False
     cdef Staging* ctx
@@ -741,7 +770,7 @@ cdef int _coalesced_device(BufferView* views, int n, int64_t* counts, const Redu
         if reds[k] == NULL:
             continue
         itemsize = reds[k].itemsize
-        if reds[k].predefined and reds[k].divide_kind < 0 and use_cuda_aware():
+        if choose_path(comm, handle, counts[k] * itemsize, False, reds[k], k) == PATH_DIRECT:
             if not synced:
                 with nogil:
                     stream_sync(stream)
@@ -800,6 +829,46 @@ def _reduce_local(inbuf, inoutbuf, op="sum"):
     cdef const Reduction* red = get_reduction(a.kind, op_code(op))
     CHKERR(MPI_Reduce_local(a.data, b.data, <int>a.count, red.datatype, red.op))
     return inoutbuf
+
+
+def _mpi_call_count() -> int:
+    """MPI_Allreduce calls made by fastreduce's blocking paths so far (for the calibration)."""
+    return _mpi_calls
+
+
+def _time_device_path(comm, size_t device_ptr, int64_t nbytes, str path, int reps) -> list:
+    """Seconds of each of `reps` blocking float32 sums of the nbytes of current-device memory
+    at device_ptr over comm, all by one path ("direct" or "staged"), each finished on the
+    host before the next; for the GPU path calibration. Nothing here checks the MPI's
+    promises: the caller does."""
+    import time
+
+    cdef MPI_Comm handle = MPI_COMM_NULL
+    _resolve_comm(comm, &handle)
+    cdef int device = 0
+    from ._cuda import current_device
+    device = current_device()
+    require_device(kDLCUDA, device, "the calibration buffer")
+    cdef BufferView view
+    view.data = <char*>device_ptr
+    view.count = nbytes // 4
+    view.kind = KIND_FLOAT32
+    view.ndim = 1
+    view.shape = NULL
+    view.device_type = kDLCUDA
+    view.device_id = device
+    view.api = NULL
+    view.on_device = True
+    view.stream = consumer_stream(device)
+    view.own_stream = True
+    cdef const Reduction* red = get_reduction(KIND_FLOAT32, OP_SUM)
+    cdef int which = PATH_DIRECT if path == "direct" else PATH_STAGED
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        _device_run_path(&view, &view, MPI_IN_PLACE, red, handle, which)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 HAVE_LARGE_COUNT = bool(FASTREDUCE_HAVE_LARGE_COUNT)

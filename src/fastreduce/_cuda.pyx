@@ -49,10 +49,15 @@ cdef int (*_HostAlloc)(void**, size_t, unsigned) noexcept nogil
 cdef int (*_FreeHost)(void*) noexcept nogil
 cdef const char* (*_GetErrorString)(int) noexcept nogil
 cdef int (*_RuntimeGetVersion)(int*) noexcept nogil
+cdef int (*_StreamIsCapturing)(cudaStream_t, int*) noexcept nogil
+cdef int (*_Malloc)(void**, size_t) noexcept nogil
+cdef int (*_Free)(void*) noexcept nogil
+cdef int (*_Memset)(void*, int, size_t) noexcept nogil
+cdef int (*_GetDeviceCount)(int*) noexcept nogil
+cdef int (*_SetDevice)(int) noexcept nogil
 
 cdef void* _library = NULL
 cdef str _library_path = None
-cdef int _aware = -1               # cached cuda_aware() answer; -1: not asked yet
 cdef bint _skip_waits = False      # tests only: proves the ordering tests can fail
 cdef int64_t _fixed_chunk = 0      # FASTREDUCE_STAGING_CHUNK_KB, or tests
 cdef cudaStream_t _consumer_streams[MAX_DEVICES]
@@ -67,12 +72,15 @@ cdef uint64_t _stream_syncs = 0
 cdef uint64_t _event_syncs = 0
 cdef uint64_t _pinned_allocs = 0
 cdef uint64_t _pinned_bytes = 0
+cdef uint64_t _direct_calls = 0    # GPU calls whose device pointers went to MPI
+cdef uint64_t _staged_calls = 0    # GPU calls staged through pinned host memory
 
 _SYMBOLS = (
     "cudaGetDevice", "cudaStreamCreateWithFlags", "cudaStreamSynchronize",
     "cudaStreamWaitEvent", "cudaEventCreateWithFlags", "cudaEventRecord",
     "cudaEventSynchronize", "cudaMemcpyAsync", "cudaHostAlloc", "cudaFreeHost",
-    "cudaGetErrorString", "cudaRuntimeGetVersion",
+    "cudaGetErrorString", "cudaRuntimeGetVersion", "cudaStreamIsCapturing", "cudaMalloc",
+    "cudaFree", "cudaMemset", "cudaGetDeviceCount", "cudaSetDevice",
 )
 _SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
 
@@ -117,7 +125,8 @@ cdef int load_runtime(str role, int device_id) except -1:
             f"fastreduce: {role} is on cuda:{device_id}, but no CUDA runtime library could be "
             f"loaded ({'; '.join(tried) or 'nothing found'}); install one (e.g. pip install "
             f"nvidia-cuda-runtime-cu12) or set FASTREDUCE_CUDART=/path/to/libcudart.so")
-    cdef void* symbols[12]
+    cdef void* symbols[18]
+    assert len(_SYMBOLS) == 18
     for i, name in enumerate(_SYMBOLS):
         symbols[i] = dlsym(handle, name.encode())
         if symbols[i] == NULL:
@@ -125,7 +134,8 @@ cdef int load_runtime(str role, int device_id) except -1:
                                f"at a CUDA runtime library (libcudart.so, CUDA 11 or newer)")
     global _GetDevice, _StreamCreateWithFlags, _StreamSynchronize, _StreamWaitEvent
     global _EventCreateWithFlags, _EventRecord, _EventSynchronize, _MemcpyAsync
-    global _HostAlloc, _FreeHost, _GetErrorString, _RuntimeGetVersion
+    global _HostAlloc, _FreeHost, _GetErrorString, _RuntimeGetVersion, _StreamIsCapturing
+    global _Malloc, _Free, _Memset, _GetDeviceCount, _SetDevice
     _GetDevice = <int (*)(int*) noexcept nogil>symbols[0]
     _StreamCreateWithFlags = <int (*)(cudaStream_t*, unsigned) noexcept nogil>symbols[1]
     _StreamSynchronize = <int (*)(cudaStream_t) noexcept nogil>symbols[2]
@@ -139,6 +149,12 @@ cdef int load_runtime(str role, int device_id) except -1:
     _FreeHost = <int (*)(void*) noexcept nogil>symbols[9]
     _GetErrorString = <const char* (*)(int) noexcept nogil>symbols[10]
     _RuntimeGetVersion = <int (*)(int*) noexcept nogil>symbols[11]
+    _StreamIsCapturing = <int (*)(cudaStream_t, int*) noexcept nogil>symbols[12]
+    _Malloc = <int (*)(void**, size_t) noexcept nogil>symbols[13]
+    _Free = <int (*)(void*) noexcept nogil>symbols[14]
+    _Memset = <int (*)(void*, int, size_t) noexcept nogil>symbols[15]
+    _GetDeviceCount = <int (*)(int*) noexcept nogil>symbols[16]
+    _SetDevice = <int (*)(int) noexcept nogil>symbols[17]
     _library_path = path
     _library = handle
     return 0
@@ -184,19 +200,67 @@ cdef cudaStream_t consumer_stream(int device_id) except? NULL:
     return _consumer_streams[device_id]
 
 
-cdef bint use_cuda_aware() except -1:
-    """fastreduce.cuda_aware()'s answer, asked once (set_cuda_aware forgets it)."""
-    global _aware
-    if _aware < 0:
-        from .runtime import cuda_aware
-        _aware = 1 if cuda_aware()[0] else 0
-    return _aware == 1
+cdef int check_not_capturing(cudaStream_t stream, str role) except -1:
+    """RuntimeError, before anything is queued, when `stream` is being captured into a graph."""
+    cdef int status = 0
+    cdef int err = _StreamIsCapturing(stream, &status)
+    if err != cudaSuccess:
+        _check(err, b"cudaStreamIsCapturing")
+    if status != 0:  # cudaStreamCaptureStatusActive, or Invalidated
+        raise RuntimeError(
+            f"fastreduce: {role}'s stream is being captured into a CUDA graph, and an MPI "
+            f"call cannot be captured (it would not run when the graph is replayed); run the "
+            f"collective outside the captured region, e.g. between graph replays or in eager "
+            f"mode (torch.cuda.graph / make_graphed_callables: keep fastreduce calls out)")
+    return 0
 
 
-def _forget_cuda_aware() -> None:
-    """Ask cuda_aware() again on the next GPU call (after set_cuda_aware())."""
-    global _aware
-    _aware = -1
+cdef void count_path(bint direct) noexcept nogil:
+    global _direct_calls, _staged_calls
+    if direct:
+        _direct_calls += 1
+    else:
+        _staged_calls += 1
+
+
+# --- device memory for calibration ----------------------------------------------------
+
+def device_count() -> int:
+    """cudaGetDeviceCount (loads the runtime)."""
+    cdef int n = 0
+    load_runtime("fastreduce", 0)
+    _check(_GetDeviceCount(&n), b"cudaGetDeviceCount")
+    return n
+
+
+def current_device() -> int:
+    """This thread's current CUDA device (loads the runtime)."""
+    cdef int device = 0
+    load_runtime("fastreduce", 0)
+    _check(_GetDevice(&device), b"cudaGetDevice")
+    return device
+
+
+def set_device(int device) -> None:
+    """cudaSetDevice for this thread."""
+    load_runtime("fastreduce", device)
+    _check(_SetDevice(device), b"cudaSetDevice")
+
+
+def device_alloc(size_t nbytes) -> int:
+    """cudaMalloc of nbytes on the current device, zeroed; free it with device_free."""
+    cdef void* ptr = NULL
+    load_runtime("fastreduce", 0)
+    _check(_Malloc(&ptr, max(nbytes, 1)), b"cudaMalloc")
+    cdef int err = _Memset(ptr, 0, nbytes)
+    if err != cudaSuccess:
+        _Free(ptr)
+        _check(err, b"cudaMemset")
+    return <size_t>ptr
+
+
+def device_free(size_t ptr) -> None:
+    _check(_Free(<void*>ptr), b"cudaFree")
 
 
 # --- counted primitives ---------------------------------------------------------------
@@ -366,19 +430,22 @@ def set_staging_chunk(int64_t nbytes) -> int:
 
 
 def copy_counts() -> dict:
-    """Copies and host waits made by the GPU paths since the last reset_copy_counts()."""
+    """Copies, host waits and the path of each call (direct_calls: device pointers to MPI;
+    staged_calls: through pinned memory) made by the GPU paths since reset_copy_counts()."""
     return {"d2h_copies": _d2h_copies, "h2d_copies": _h2d_copies, "d2h_bytes": _d2h_bytes,
             "h2d_bytes": _h2d_bytes, "stream_syncs": _stream_syncs,
             "event_syncs": _event_syncs, "pinned_allocs": _pinned_allocs,
-            "pinned_bytes": _pinned_bytes}
+            "pinned_bytes": _pinned_bytes, "direct_calls": _direct_calls,
+            "staged_calls": _staged_calls}
 
 
 def reset_copy_counts() -> None:
     """Zero copy_counts() (pinned_bytes, the memory held now, is kept)."""
     global _d2h_copies, _h2d_copies, _d2h_bytes, _h2d_bytes, _stream_syncs, _event_syncs
-    global _pinned_allocs
+    global _pinned_allocs, _direct_calls, _staged_calls
     _d2h_copies = _h2d_copies = _d2h_bytes = _h2d_bytes = 0
     _stream_syncs = _event_syncs = _pinned_allocs = 0
+    _direct_calls = _staged_calls = 0
 
 
 def find_runtime() -> str:

@@ -18,11 +18,15 @@ cdef extern from "_mpicompat.h" nogil:
         pass
 
     ctypedef void MPI_User_function(void*, void*, int*, MPI_Datatype*) noexcept
+    ctypedef int MPI_Comm_copy_attr_function(MPI_Comm, int, void*, void*, void*, int*) noexcept
+    ctypedef int MPI_Comm_delete_attr_function(MPI_Comm, int, void*, void*) noexcept
 
     enum: MPI_SUCCESS
     enum: MPI_ERR_COUNT
     enum: MPI_ERR_OTHER
     enum: MPI_MAX_LIBRARY_VERSION_STRING
+    enum: MPI_KEYVAL_INVALID
+    MPI_Comm_copy_attr_function* MPI_COMM_NULL_COPY_FN
 
     void* MPI_IN_PLACE
     MPI_Comm MPI_COMM_NULL
@@ -65,6 +69,10 @@ cdef extern from "_mpicompat.h" nogil:
     int MPI_Comm_rank(MPI_Comm, int*)
     int MPI_Comm_test_inter(MPI_Comm, int*)
     int MPI_Comm_set_errhandler(MPI_Comm, MPI_Errhandler)
+    int MPI_Comm_create_keyval(MPI_Comm_copy_attr_function*, MPI_Comm_delete_attr_function*,
+                               int*, void*)
+    int MPI_Comm_get_attr(MPI_Comm, int, void*, int*)
+    int MPI_Comm_set_attr(MPI_Comm, int, void*)
     int MPI_Op_create(MPI_User_function*, int, MPI_Op*)
     int MPI_Op_free(MPI_Op*)
     int MPI_Reduce_local(const void*, void*, int, MPI_Datatype, MPI_Op)

@@ -1,5 +1,5 @@
 """Where this process runs: node-local rank, whether the MPI can read GPU memory, and
-the GPU paths' settings and counters.
+the GPU paths' settings (see fastreduce.gpupath) and counters.
 
 Everything comes from MPI itself, never from launcher variables, so it is the
 same under mpiexec, srun or any other launcher.
@@ -12,14 +12,24 @@ import os
 
 from mpi4py import MPI
 
-from . import _cuda
+from . import _gpupath
 from ._cuda import copy_counts as gpu_copy_counts
 from ._cuda import plan_staging, set_staging_chunk
 from ._cuda import reset_copy_counts as reset_gpu_copy_counts
 from ._cuda import runtime_info as cuda_runtime_info
+from .gpupath import (
+    CalibrationError,
+    calibrate,
+    gpu_path_settings,
+    set_device_pointer_calls,
+    set_gpu_path,
+    set_gpu_thresholds,
+)
 
-__all__ = ["cuda_aware", "cuda_runtime_info", "gpu_copy_counts", "local_rank", "local_size",
-           "plan_staging", "reset_gpu_copy_counts", "set_cuda_aware", "set_staging_chunk"]
+__all__ = ["CalibrationError", "calibrate", "cuda_aware", "cuda_runtime_info",
+           "gpu_copy_counts", "gpu_path_settings", "local_rank", "local_size", "plan_staging",
+           "reset_gpu_copy_counts", "set_cuda_aware", "set_device_pointer_calls",
+           "set_gpu_path", "set_gpu_thresholds", "set_staging_chunk"]
 
 
 @functools.cache
@@ -50,7 +60,7 @@ def set_cuda_aware(value: bool | None) -> None:
     """
     global _override
     _override = None if value is None else bool(value)
-    _cuda._forget_cuda_aware()
+    _gpupath.forget()
 
 
 def cuda_aware() -> tuple[bool, str]:

@@ -38,6 +38,9 @@ LDFLAGS = ["-Wl,-z,nodelete"]
 # cudaError_t values the fake returns
 SUCCESS, INVALID_VALUE, MEMORY_ALLOCATION = 0, 1, 2
 INVALID_DEVICE, INVALID_RESOURCE_HANDLE, NOT_READY = 101, 400, 600
+CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED = 900, 901
+# cudaStreamCaptureStatus
+CAPTURE_NONE, CAPTURE_ACTIVE, CAPTURE_INVALIDATED_STATUS = 0, 1, 2
 # cudaMemcpyKind
 HOST_TO_HOST, HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE, MEMCPY_DEFAULT = range(5)
 # DLPack device types
@@ -47,7 +50,7 @@ COUNTER_FIELDS = (
     "d2h_copies", "h2d_copies", "d2d_copies", "d2h_bytes", "h2d_bytes",
     "pageable_async_copies", "stream_syncs", "event_syncs", "device_syncs",
     "stream_wait_events", "host_allocs", "host_frees", "device_allocs", "device_frees",
-    "streams_created", "events_created", "bad_copies",
+    "streams_created", "events_created", "bad_copies", "capture_violations",
 )
 
 
@@ -65,32 +68,51 @@ class CudaError(RuntimeError):
 
 # ---------------------------------------------------------------------------- building
 
-def _build_into(directory: Path) -> Path:
-    """Compile the library into `directory` unless it is there already; return its path.
+def build_library(source: Path, stem: str, directory: Path, cc: str, cflags: list[str],
+                  ldflags: list[str]) -> Path:
+    """Compile `source` into the shared library `directory`/<stem>-<hash>.so unless it is there
+    already; return its path.
 
-    The name carries a hash of the source and flags, so an edit rebuilds. Each caller compiles
-    to a file of its own and renames it into place, so concurrent callers (MPI ranks starting
-    together) never see a half-written library.
+    The name carries a hash of the source, compiler and flags, so an edit rebuilds. Each caller
+    compiles to a file of its own and renames it into place, so concurrent callers (MPI ranks
+    starting together) never see a half-written library.
     """
-    source = SOURCE.read_bytes()
-    cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(source + " ".join([cc, *CFLAGS, *LDFLAGS]).encode()).hexdigest()[:16]
-    target = directory / f"libfakecudart-{key}.so"
+    text = source.read_bytes()
+    key = hashlib.sha256(text + " ".join([cc, *cflags, *ldflags]).encode()).hexdigest()[:16]
+    target = directory / f"{stem}-{key}.so"
     if target.exists():
         return target
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE), *LDFLAGS],
+        done = subprocess.run([cc, *cflags, "-o", tmp, str(source), *ldflags],
                               capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"building the fake CUDA runtime failed:\n{done.stderr}")
+            raise RuntimeError(f"building {source.name} failed:\n{done.stderr}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def build_in_test_tree(build) -> str:
+    """build(directory) into tests/<its package>/_build/, or a temporary directory where that
+    cannot be written (FAKECUDA_BUILD_DIR overrides both); the library's path."""
+    chosen = os.environ.get("FAKECUDA_BUILD_DIR")
+    if chosen:
+        return str(build(Path(chosen)))
+    try:
+        return str(build(None))
+    except OSError:
+        return str(build(Path(tempfile.gettempdir()) / f"fakecuda-{os.getuid()}"))
+
+
+def _build_into(directory: Path) -> Path:
+    """The fake CUDA runtime, built into `directory` (see build_library)."""
+    return build_library(SOURCE, "libfakecudart", directory, os.environ.get("CC", "cc"), CFLAGS,
+                         LDFLAGS)
 
 
 _path_lock = threading.Lock()
@@ -103,15 +125,7 @@ def library_path() -> str:
     global _path
     with _path_lock:
         if _path is None:
-            chosen = os.environ.get("FAKECUDA_BUILD_DIR")
-            if chosen:
-                _path = str(_build_into(Path(chosen)))
-            else:
-                try:
-                    _path = str(_build_into(HERE / "_build"))
-                except OSError:
-                    fallback = Path(tempfile.gettempdir()) / f"fakecuda-{os.getuid()}"
-                    _path = str(_build_into(fallback))
+            _path = build_in_test_tree(lambda d: _build_into(d or HERE / "_build"))
         return _path
 
 
@@ -142,6 +156,11 @@ _SIGNATURES = {
     "cudaDeviceSynchronize": (c_int, []),
     "cudaDriverGetVersion": (c_int, [POINTER(c_int)]),
     "cudaRuntimeGetVersion": (c_int, [POINTER(c_int)]),
+    "cudaMemset": (c_int, [c_void_p, c_int, c_size_t]),
+    "cudaStreamBeginCapture": (c_int, [c_void_p, c_int]),
+    "cudaStreamEndCapture": (c_int, [c_void_p, POINTER(c_void_p)]),
+    "cudaStreamIsCapturing": (c_int, [c_void_p, POINTER(c_int)]),
+    "fakecuda_pointer_kind": (c_int, [c_void_p]),
     "fakecuda_get_counters": (None, [POINTER(_Counters)]),
     "fakecuda_reset_counters": (None, []),
     "fakecuda_counters_size": (c_size_t, []),
@@ -215,6 +234,22 @@ class Stream:
 
     def synchronize(self) -> None:
         check(lib().cudaStreamSynchronize(self.handle), "cudaStreamSynchronize")
+
+    def begin_capture(self) -> None:
+        """cudaStreamBeginCapture: work queued from now on would go into a CUDA graph."""
+        check(lib().cudaStreamBeginCapture(self.handle, 0), "cudaStreamBeginCapture")
+
+    def end_capture(self) -> int:
+        """cudaStreamEndCapture; returns its error code (901: the capture was invalidated)."""
+        graph = c_void_p()
+        return lib().cudaStreamEndCapture(self.handle, ctypes.byref(graph))
+
+    def capture_status(self) -> int:
+        """cudaStreamIsCapturing: CAPTURE_NONE, CAPTURE_ACTIVE or CAPTURE_INVALIDATED_STATUS."""
+        status = c_int()
+        check(lib().cudaStreamIsCapturing(self.handle, ctypes.byref(status)),
+              "cudaStreamIsCapturing")
+        return status.value
 
     def query(self) -> bool:
         """True when all work enqueued so far has run."""

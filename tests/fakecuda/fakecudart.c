@@ -54,7 +54,12 @@ enum {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
 };
+
+/* cudaStreamCaptureStatus */
+enum { CAPTURE_NONE = 0, CAPTURE_ACTIVE = 1, CAPTURE_INVALIDATED = 2 };
 
 /* cudaMemcpyKind */
 enum { H2H = 0, H2D = 1, D2H = 2, D2D = 3, DEFAULT_KIND = 4 };
@@ -69,6 +74,7 @@ struct fakecuda_counters {
     uint64_t host_allocs, host_frees, device_allocs, device_frees;
     uint64_t streams_created, events_created;
     uint64_t bad_copies;
+    uint64_t capture_violations; /* work queued on, or a wait for, a capturing stream */
 };
 
 /* ---------------------------------------------------------------- global state */
@@ -195,6 +201,7 @@ struct stream {
     int blocking;  /* synchronizes with the legacy stream */
     int destroyed; /* handle no longer valid; the worker exits once the queue is empty */
     int started;   /* worker thread running */
+    int capture;   /* CAPTURE_*: between cudaStreamBeginCapture and cudaStreamEndCapture */
     struct stream *next;
 };
 
@@ -326,6 +333,15 @@ static int order_after(struct stream *waiter, struct stream *target)
  * Called with g_lock held; takes ownership of op (freed on failure). */
 static int enqueue(struct stream *s, struct op *op)
 {
+    if (s->capture != CAPTURE_NONE) {
+        /* Real CUDA would record op into the graph instead of running it; nothing that
+         * fastreduce queues may end up there (MPI cannot be captured), so count it. */
+        g_count.capture_violations++;
+        s->capture = CAPTURE_INVALIDATED;
+        free(op->owned);
+        free(op);
+        return cudaErrorStreamCaptureInvalidated;
+    }
     if (!ensure_worker(s)) {
         free(op->owned);
         free(op);
@@ -444,6 +460,8 @@ EXPORT const char *cudaGetErrorString(int err)
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     default: return "unrecognized error code";
     }
 }
@@ -573,6 +591,12 @@ EXPORT int cudaStreamSynchronize(void *stream)
     if (!s) {
         pthread_mutex_unlock(&g_lock);
         return fail(cudaErrorInvalidResourceHandle);
+    }
+    if (s->capture != CAPTURE_NONE) {
+        g_count.capture_violations++;
+        s->capture = CAPTURE_INVALIDATED;
+        pthread_mutex_unlock(&g_lock);
+        return fail(cudaErrorStreamCaptureUnsupported);
     }
     g_count.stream_syncs++;
     wait_stream(s);
@@ -782,7 +806,81 @@ EXPORT int cudaMemcpy(void *dst, const void *src, size_t n, int kind)
     return fail(err);
 }
 
+EXPORT int cudaMemset(void *dst, int value, size_t n)
+{
+    pthread_mutex_lock(&g_lock);
+    int err = inside(dst, n, 1) ? cudaSuccess : cudaErrorInvalidValue;
+    if (!err) {
+        wait_stream(&g_legacy); /* ordered on the legacy stream, synchronous for the host */
+        memset(dst, value, n);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return fail(err);
+}
+
+/* ---------------------------------------------------------------- stream capture
+ *
+ * Enough of CUDA graph capture to test that nothing is queued on a capturing stream: begin
+ * marks the stream, cudaStreamIsCapturing reports it, any work queued on it or a host wait for
+ * it invalidates the capture (counted), and end returns no graph (NULL) with the status.
+ */
+
+EXPORT int cudaStreamBeginCapture(void *stream, int mode)
+{
+    (void)mode;
+    pthread_mutex_lock(&g_lock);
+    struct stream *s = find_stream(stream);
+    int err = cudaSuccess;
+    if (!s || s == &g_legacy)
+        err = s ? cudaErrorStreamCaptureUnsupported : cudaErrorInvalidResourceHandle;
+    else if (s->capture != CAPTURE_NONE)
+        err = cudaErrorInvalidValue;
+    else
+        s->capture = CAPTURE_ACTIVE;
+    pthread_mutex_unlock(&g_lock);
+    return fail(err);
+}
+
+EXPORT int cudaStreamEndCapture(void *stream, void **graph)
+{
+    pthread_mutex_lock(&g_lock);
+    struct stream *s = find_stream(stream);
+    int err = cudaSuccess;
+    if (!s || s->capture == CAPTURE_NONE)
+        err = s ? cudaErrorInvalidValue : cudaErrorInvalidResourceHandle;
+    else {
+        err = s->capture == CAPTURE_INVALIDATED ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
+        s->capture = CAPTURE_NONE;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (graph)
+        *graph = NULL;
+    return fail(err);
+}
+
+EXPORT int cudaStreamIsCapturing(void *stream, int *status)
+{
+    if (!status)
+        return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_lock);
+    struct stream *s = find_stream(stream);
+    if (s)
+        *status = s->capture;
+    pthread_mutex_unlock(&g_lock);
+    return fail(s ? cudaSuccess : cudaErrorInvalidResourceHandle);
+}
+
 /* ---------------------------------------------------------------- test helpers (not CUDA) */
+
+/* What a pointer points into: 1 device memory (cudaMalloc), 2 pinned host memory
+ * (cudaHostAlloc), 0 anything else. For a fake MPI that records what it is handed. */
+EXPORT int fakecuda_pointer_kind(const void *p)
+{
+    pthread_mutex_lock(&g_lock);
+    int kind = inside(p, 1, 1) ? 1 : inside(p, 1, 0) ? 2 : 0;
+    pthread_mutex_unlock(&g_lock);
+    return kind;
+}
 
 EXPORT void fakecuda_get_counters(struct fakecuda_counters *out)
 {

@@ -169,6 +169,49 @@ check(same(g.to_numpy(), host_result("float32", "sum", values)), "auto-chunked 2
 check(mine["d2h_copies"] == _cuda.plan_staging(values.nbytes)[1] > 1, f"auto chunks: {mine}")
 
 
+# --- every form on pipelined shapes: the copies each form makes --------------------------------
+# Blocking forms (in place, new, out=) pipeline large messages in plan_staging's chunks; the
+# non-blocking ones copy whole. "in_place" is blocking although it starts with an "i".
+STAGING_SLOTS = 4  # the pipeline's ring of pinned slots (src/fastreduce/_cuda.pxd)
+BLOCKING_FORMS = {"in_place": True, "new": True, "out": True, "iallreduce_": False,
+                  "iallreduce": False}
+
+
+def reduce_by(form: str, g: FakeCudaArray):
+    """fastreduce's call of one form on g; returns what holds the result."""
+    if form == "in_place":
+        return fastreduce.allreduce_(g)
+    if form == "new":
+        return fastreduce.allreduce(g)
+    if form == "out":
+        return fastreduce.allreduce(g, out=fakecuda.empty_like(g))
+    if form == "iallreduce_":
+        return fastreduce.iallreduce_(g).wait()
+    return fastreduce.wait_all([fastreduce.iallreduce(g)])[0]
+
+
+for name in ("float32", "int64", "float16", "uint8"):
+    itemsize = DTYPES[name][0].itemsize
+    shape = (3, (4 << 20) // itemsize // 3 + 7)  # just over 4 MiB: ring refilled, ragged end
+    nbytes = int(np.prod(shape)) * itemsize
+    nchunks = _cuda.plan_staging(nbytes)[1]
+    check(nchunks > STAGING_SLOTS, f"{name} {shape}: {nchunks} chunks do not refill the ring")
+    values = rank_values(name, int(np.prod(shape)), rank).reshape(shape)
+    want = host_result(name, "sum", values)
+    for form, blocking in BLOCKING_FORMS.items():
+        g = on_gpu(values, name)
+        holder = []
+        mine, fake = counted(lambda form=form, g=g: holder.append(reduce_by(form, g)))
+        copies = nchunks if blocking else 1
+        check(mine["d2h_copies"] == mine["h2d_copies"] == fake["d2h_copies"] == copies
+              and mine["d2h_bytes"] == mine["h2d_bytes"] == nbytes,
+              f"{form} {name} {shape}: expected {copies} copies each way of {nbytes} bytes, "
+              f"counted {mine}, fake {fake}")
+        check(same(holder[0].to_numpy(), want), f"{form} {name} {shape}: result")
+        if form in ("new", "out", "iallreduce"):
+            check(same(g.to_numpy(), values), f"{form} {name} {shape}: x kept")
+
+
 # --- stream ordering ----------------------------------------------------------------------
 def ordering(form: str, cls, n: int, skip: bool, phase: int) -> bool:
     """A 200 ms "kernel" on the producer stream writes x just before the call."""
@@ -246,8 +289,11 @@ check(mine["event_syncs"] + mine["stream_syncs"] == 2,
       f"__dlpack__ producer: waits for the copy back too: {mine}")
 check(g.last_export_stream not in (None, -1, 1, 2), "passed fastreduce's stream to __dlpack__")
 
-# --- CUDA-aware MPI: the device pointer goes to MPI, no copies -------------------------------
-fastreduce.set_cuda_aware(True)
+# --- the direct path: the device pointer goes to MPI, no copies --------------------------------
+# (an MPI that promises blocking and non-blocking calls; which MPI promises what, and the
+# automatic choice, are tests/workers/gpu_paths.py's)
+fastreduce.runtime.set_device_pointer_calls("blocking,nonblocking")
+fastreduce.runtime.set_gpu_path("direct")
 values = rank_values("float32", 1001, rank)
 for cls in (FakeCudaArray, FakeCudaTensor):
     g = on_gpu(values, "float32", cls=cls)
@@ -276,7 +322,8 @@ for phase in (101, 102):
         check(ok, "cuda-aware: ordered after the producer's stream")
     elif size > 1:
         check(not ok, "cuda-aware: the ordering test cannot fail")
-fastreduce.set_cuda_aware(False)
+fastreduce.runtime.set_device_pointer_calls(None)
+fastreduce.runtime.set_gpu_path(None)
 
 # managed memory: MPI reads it on the host once the producer is done
 values = rank_values("int64", 1001, rank)
@@ -316,7 +363,8 @@ specs = [("float32", 10), ("float64", 7), ("int32", 0), ("float32", 1), ("bfloat
          ("int32", 5)]
 arrays = [rank_values(name, n, rank) for name, n in specs]
 for aware in (False, True):
-    fastreduce.set_cuda_aware(aware)
+    fastreduce.runtime.set_device_pointer_calls("blocking" if aware else "none")
+    fastreduce.runtime.set_gpu_path("direct")
     gpus = [on_gpu(a, name) for a, (name, _) in zip(arrays, specs, strict=True)]
     mine, fake = counted(lambda gpus=gpus: fastreduce.allreduce_coalesced_(gpus))
     for g, a, (name, _) in zip(gpus, arrays, specs, strict=True):
@@ -327,7 +375,8 @@ for aware in (False, True):
     expected = 2 * 5 if not aware else 2 * int(own_bf16_op)
     check(copies == expected and fake["d2h_copies"] + fake["h2d_copies"] == expected,
           f"coalesced aware={aware}: {copies} copies, expected {expected}")
-fastreduce.set_cuda_aware(False)
+fastreduce.runtime.set_device_pointer_calls(None)
+fastreduce.runtime.set_gpu_path(None)
 
 # --- bad input: the rank that made it raises, nothing changes -------------------------------
 x = on_gpu(rank_values("float32", 4, rank), "float32")

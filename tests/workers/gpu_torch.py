@@ -52,6 +52,7 @@ DTYPES = (torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.u
 FLOATING = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
             torch.complex128}
 FORMS = ("in_place", "new", "out", "iallreduce_", "iallreduce")
+BLOCKING_FORMS = ("in_place", "new", "out")  # pipelined in chunks; the others copy whole
 SMALL_SHAPES = ((0,), (), (1,), (1001,), (3, 5, 7))
 STAGING_SLOTS = 4  # the staged pipeline's ring (src/fastreduce/_cuda.pxd)
 
@@ -269,7 +270,7 @@ def staged_case(dtype: torch.dtype, op: str, shape: tuple, form: str, integral: 
     case = (dtype_name(dtype), op, shape, form, integral)
     x = make_input(dtype, op, shape, rank, case, integral)
     nbytes = x.numel() * x.element_size()
-    blocking = not form.startswith("i")
+    blocking = form in BLOCKING_FORMS
     want = cpu_path(x.cpu(), op, blocking)
     before = x.clone()
     frcuda.reset_copy_counts()
