@@ -1,4 +1,18 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Workers load the fake CUDA runtime (tests/fakecuda), with no GPU setting inherited."""
+    import fakecuda
+
+    monkeypatch.setenv("FASTREDUCE_CUDART", fakecuda.library_path())
+    for variable in ("FASTREDUCE_CUDA_AWARE", "FASTREDUCE_STAGING_CHUNK_KB",
+                     "FASTREDUCE_GPU_PATH", "FASTREDUCE_GPU_THRESHOLDS",
+                     "FASTREDUCE_GPU_THRESHOLDS_FILE", "FASTREDUCE_DEVICE_POINTERS"):
+        monkeypatch.delenv(variable, raising=False)

@@ -1,15 +1,7 @@
 """The GPU paths, on CPU-only machines: over the fake CUDA runtime of tests/fakecuda."""
 
-import fakecuda
 import pytest
 from mpirun import run_workers
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    monkeypatch.setenv("FASTREDUCE_CUDART", fakecuda.library_path())
-    monkeypatch.delenv("FASTREDUCE_CUDA_AWARE", raising=False)
-    monkeypatch.delenv("FASTREDUCE_STAGING_CHUNK_KB", raising=False)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 4])

@@ -10,6 +10,7 @@
  * Build: mpicc -O1 -shared -fPIC -o libpointerlog.so pointerlog.c
  */
 #include <mpi.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define EXPORT __attribute__((visibility("default")))
