@@ -53,3 +53,21 @@ def test_gradient_sync_broadcasts_cuda_parameters():
     require_cuda()
     out = run_workers("gpu_torch.py", 2, "--sections", "gradsync_broadcast", timeout=TIMEOUT)
     assert "on 2 ranks, 0 failed" in out
+
+
+def test_bench_times_every_gpu_path_mode():
+    """fastreduce-bench --device cuda --gpu-paths auto,direct,staged: one job, a path beside
+    every size, no wrong element."""
+    require_cuda()
+    import re
+    import sys
+
+    from mpirun import run_mpi
+
+    rc, out = run_mpi(2, sys.executable, "-m", "fastreduce.bench", "--device", "cuda",
+                      "--gpu-paths", "auto,direct,staged", "-b", "4", "-e", "4M", "-f", "16",
+                      timeout=TIMEOUT)
+    assert rc == 0, out
+    rows = [line.split() for line in out.splitlines() if re.match(r"^ +\d+ +\d+ ", line)]
+    assert len(rows) == 6 and all(r[9] == "0" for r in rows), out
+    assert all(r[10] in ("direct", "staged") and r[14] == "staged" for r in rows), out

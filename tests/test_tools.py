@@ -79,6 +79,9 @@ def _torch_has_cuda() -> bool:
     (["--partition", "2x2", "--axes", "2"], "--axes 2"),
     (["--axes", "1"], "--axes needs --partition"),
     (["--device", "cuda", "--buffers", "numpy"], "--device cuda needs --buffers torch"),
+    (["--gpu-paths", "direct"], "--gpu-paths needs --device cuda"),
+    (["--gpu-paths", "auto,fast"], "--gpu-paths 'auto,fast': distinct modes"),
+    (["-e", "1.5.2M"], "size '1.5.2M'"),
     pytest.param(["--device", "cuda"], "torch.cuda.is_available() is False",
                  marks=pytest.mark.skipif(_torch_has_cuda(), reason="this machine has a GPU")),
 ])
@@ -95,7 +98,38 @@ def test_info_prints_every_field(nprocs):
     assert rc == 0, out
     for field in ("fastreduce", "mpi4py", "torch", "built against", "running on",
                   "linked libmpi", "MPI standard", "thread level", "large counts",
-                  "16-bit floats", "CUDA-aware", "CUDA runtime", "torch buffers", "size", "ranks"):
+                  "16-bit floats", "CUDA-aware", "CUDA runtime", "GPU path", "device pointers",
+                  "GPU size table", "torch buffers", "size", "ranks"):
         assert re.search(rf"^ *{re.escape(field)} : \S", out, re.M), (field, out)
     assert len(re.findall(r"\d+@\S+ \(local \d+/\d+\)", out)) == nprocs, out
     assert f"local {nprocs - 1}/{nprocs}" in out
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_info_calibrate_over_fake_cuda(fake_cuda, monkeypatch, nprocs):
+    """--calibrate times both paths and prints a size table that FASTREDUCE_GPU_THRESHOLDS
+    takes back; where the MPI takes no device pointers it says so and prints "staged"."""
+    monkeypatch.setenv("FASTREDUCE_DEVICE_POINTERS", "blocking")
+    rc, out = run_mpi(nprocs, sys.executable, "-m", "fastreduce.info", "--calibrate")
+    assert rc == 0, out
+    assert f"GPU path calibration on {nprocs} ranks" in out, out
+    rows = [line.split() for line in out.splitlines() if re.match(r"^ +\d+ +[\d.]+ +[\d.]+ ", line)]
+    assert [int(r[0]) for r in rows] == [8, 256, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20]
+    assert all(r[3] in ("direct", "staged") and float(r[1]) > 0 < float(r[2]) for r in rows)
+    spec = re.search(r"^FASTREDUCE_GPU_THRESHOLDS=(\S+)$", out, re.M).group(1)
+    monkeypatch.setenv("FASTREDUCE_GPU_THRESHOLDS", spec)  # the printed line is accepted
+    rc, again = run_mpi(1, sys.executable, "-m", "fastreduce.info")
+    assert rc == 0 and "pinned by FASTREDUCE_GPU_THRESHOLDS" in again, again
+    monkeypatch.delenv("FASTREDUCE_GPU_THRESHOLDS")
+    monkeypatch.setenv("FASTREDUCE_DEVICE_POINTERS", "none")
+    rc, out = run_mpi(nprocs, sys.executable, "-m", "fastreduce.info", "--calibrate")
+    assert rc == 0 and "not calibrated" in out and "FASTREDUCE_GPU_THRESHOLDS=staged" in out, out
+
+
+def test_info_calibrate_without_cuda(monkeypatch):
+    monkeypatch.setenv("FASTREDUCE_CUDART", "/nonexistent/libcudart.so")
+    rc, out = run_mpi(2, sys.executable, "-m", "fastreduce.info", "--calibrate")
+    assert rc != 0 and out.count("fastreduce-info: cannot calibrate:") == 1, out
+    assert "FASTREDUCE_CUDART" in out, out
+    rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info", "--frobnicate")
+    assert rc == 2 and "usage: fastreduce-info [--calibrate]" in out, out

@@ -1,12 +1,15 @@
 """fastreduce-bench: an osu_allreduce / nccl-tests style all-reduce benchmark.
 
     mpiexec -n 4 fastreduce-bench -b 8 -e 128M -f 2
+    mpiexec -n 2 fastreduce-bench --device cuda --gpu-paths auto,direct,staged
     srun -n 8 --mpi=pmix fastreduce-bench -d bfloat16 -o sum --partition 2x4 --axes 1
     python -m fastreduce.bench --help
 
 For each size: a barrier, warm-up, timed iterations, latency (avg/min/max over
 ranks), algbw = bytes / time, busbw = algbw * 2(p-1)/p, and a correctness
-check after timing (#wrong: wrong elements over all ranks). The exit status is
+check after timing (#wrong: wrong elements over all ranks). On a GPU the path each size
+took (direct or staged) is printed beside it, and --gpu-paths times several
+FASTREDUCE_GPU_PATH modes in the same job (the first fills the main columns). The exit status is
 1 when anything was wrong, 2 on a usage error (reported by rank 0; every rank
 exits).
 """
@@ -43,14 +46,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("B")
+    from .gpupath import parse_size as parse
+
     try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
-    except ValueError:
-        raise UsageError(f"size {text!r}: give bytes, optionally with K, M or G") from None
+        return parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allreduce(x) into a new tensor (default: in place, allreduce_)")
     parser.add_argument("--buffers", default="torch", choices=("torch", "numpy"))
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--gpu-paths", default="auto",
+                        help="with --device cuda: the GPU path modes to time, e.g. "
+                        "auto,direct,staged (default auto); the first fills the main columns")
     parser.add_argument("--nonblocking", action="store_true",
                         help="iallreduce + wait instead of the blocking call")
     parser.add_argument("--partition", help="a Cartesian partition of the ranks, e.g. 2x2x3")
@@ -141,6 +145,14 @@ def check_args(args, world_size: int):
                              f"0..{len(shape) - 1}")
     elif args.axes:
         raise UsageError("--axes needs --partition")
+    modes = [m.strip() for m in args.gpu_paths.split(",") if m.strip()]
+    if not modes or any(m not in ("auto", "direct", "staged") for m in modes) or len(
+            set(modes)) != len(modes):
+        raise UsageError(f"--gpu-paths {args.gpu_paths!r}: distinct modes from auto, direct, "
+                         f"staged")
+    if args.device != "cuda" and modes != ["auto"]:
+        raise UsageError("--gpu-paths needs --device cuda")
+    args.gpu_modes = modes
     peers = [p for p in args.peers.split(",") if p]
     if any(p not in ("mpi4py", "torch") for p in peers):
         raise UsageError(f"--peers {args.peers!r}: choose from mpi4py, torch")
@@ -253,16 +265,26 @@ def main(argv: list[str] | None = None) -> int:
         "cuda_aware": f"{'yes' if aware else 'no'} ({how})",
         "torch": _torch_version(),
     }
+    gpu = args.device == "cuda"
+    if gpu:
+        meta["gpu_paths"] = fastreduce.gpupath.gpu_path_settings()
+        meta["gpu_modes"] = args.gpu_modes
     if rank == 0:
         print(f"# fastreduce-bench: fastreduce {meta['fastreduce']}, torch {meta['torch']}")
         print(f"# MPI: {meta['mpi']}")
         print(f"# {meta['ranks']} ranks on {meta['nodes']} node(s); communicator: {where}")
         print(f"# device {args.device}, {args.buffers} buffers, {meta['mode']}; "
               f"CUDA-aware: {meta['cuda_aware']}")
+        if gpu:
+            settings = meta["gpu_paths"]
+            print(f"# GPU path modes timed: {', '.join(args.gpu_modes)} (main columns: "
+                  f"{args.gpu_modes[0]}); device pointers to MPI: {settings['device pointers']}")
         peer_head = "".join(f" {name + '(us)':>13}" for name in peers)
+        gpu_head = (f" {'path':>7}" + "".join(f" {m + '(us)':>11} {'path':>7}"
+                                               for m in args.gpu_modes[1:])) if gpu else ""
         print(f"#{'size(B)':>11} {'count':>10} {'type':>9} {'redop':>6} {'avg(us)':>10} "
               f"{'min(us)':>10} {'max(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
-              f"{'#wrong':>7}{peer_head}")
+              f"{'#wrong':>7}{gpu_head}{peer_head}")
     rows = []
     started = time.perf_counter()
     for index, nbytes in enumerate(sizes):
@@ -271,10 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         if rank == 0:
             peer_cells = "".join(f" {row['peers'][name]:13.2f}" for name in peers)
+            gpu_cells = ""
+            if gpu:
+                gpu_cells = f" {row['path']:>7}" + "".join(
+                    f" {row['modes'][m]['avg_us']:11.2f} {row['modes'][m]['path']:>7}"
+                    for m in args.gpu_modes[1:])
             print(f" {nbytes:>11} {count:>10} {args.dtype:>9} {args.op:>6} "
                   f"{row['avg_us']:10.2f} {row['min_us']:10.2f} {row['max_us']:10.2f} "
-                  f"{row['algbw']:12.3f} {row['busbw']:12.3f} {row['wrong']:>7}{peer_cells}",
-                  flush=True)
+                  f"{row['algbw']:12.3f} {row['busbw']:12.3f} {row['wrong']:>7}{gpu_cells}"
+                  f"{peer_cells}", flush=True)
             if not args.no_progress and time.perf_counter() - started > 2:
                 print(f"# progress: {index + 1}/{len(sizes)} sizes, "
                       f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
@@ -339,13 +366,20 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
     else:
         def call():
             fastreduce.allreduce_(x, op, comm=comm)
-    t = _time(comm, call, iters, warmup, args.device)
-    times = comm.allgather(t)
+    modes = {}
+    for mode in (args.gpu_modes if args.device == "cuda" else ["auto"]):
+        modes[mode] = _time_mode(args, comm, call, iters, warmup, mode)
+    main = modes[args.gpu_modes[0] if args.device == "cuda" else "auto"]
+    times = main["times"]
     avg = sum(times) / len(times)
     bus = 2 * (p - 1) / p if p > 1 else 0.0
     row = {"bytes": nbytes, "count": count, "avg_us": avg * 1e6, "min_us": min(times) * 1e6,
            "max_us": max(times) * 1e6, "algbw": nbytes / avg / 1e9,
            "busbw": nbytes / avg / 1e9 * bus, "peers": {}}
+    if args.device == "cuda":
+        row["path"] = main["path"]
+        row["modes"] = {m: {"avg_us": sum(v["times"]) / len(v["times"]) * 1e6,
+                            "path": v["path"]} for m, v in modes.items()}
     # correctness after timing
     fill(x, rank_values(args.dtype, op, comm.Get_rank(), count))
     if args.nonblocking:
@@ -366,6 +400,28 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
     for name in peers:
         row["peers"][name] = _time_peer(name, args, comm, count, iters, warmup, gloo) * 1e6
     return row
+
+
+def _time_mode(args, comm, call, iters: int, warmup: int, mode: str) -> dict:
+    """Every rank's seconds per call with FASTREDUCE_GPU_PATH=mode (on a GPU), and the path
+    the timed calls took: direct, staged, or mixed (from fastreduce's path counters)."""
+    if args.device != "cuda":
+        return {"times": comm.allgather(_time(comm, call, iters, warmup)), "path": ""}
+    from . import runtime
+
+    runtime.set_gpu_path(mode)
+    try:
+        for _ in range(warmup):  # a calibration (auto, first use) happens here, untimed
+            call()
+        runtime.reset_gpu_copy_counts()
+        t = _time(comm, call, iters, 0, args.device)
+        counts = runtime.gpu_copy_counts()
+    finally:
+        runtime.set_gpu_path(None)
+    direct = comm.allreduce(counts["direct_calls"])
+    staged = comm.allreduce(counts["staged_calls"])
+    path = "mixed" if direct and staged else "direct" if direct else "staged"
+    return {"times": comm.allgather(t), "path": path}
 
 
 def _rounded(buffers: str, dtype: str, values: np.ndarray):

@@ -1,6 +1,7 @@
 """fastreduce-info: what fastreduce was built with and runs on, for bug reports.
 
-    mpiexec -n 2 fastreduce-info        (or: srun -n 2 python -m fastreduce.info)
+    mpiexec -n 2 fastreduce-info              (or: srun -n 2 python -m fastreduce.info)
+    mpiexec -n 2 fastreduce-info --calibrate  time the GPU paths, print the size table
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def collect() -> dict:
     from mpi4py import MPI
 
     import fastreduce
-    from fastreduce import _buffer, _cuda, _errors, runtime
+    from fastreduce import _buffer, _cuda, _errors, gpupath, runtime
 
     family, version = _errors.build_mpi()
     thread_names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
@@ -37,6 +38,10 @@ def collect() -> dict:
     except RuntimeError:
         cuda_runtime = "none found (GPU tensors unavailable; set FASTREDUCE_CUDART)"
     world = MPI.COMM_WORLD
+    try:
+        paths = gpupath.gpu_path_settings()
+    except ValueError as exc:  # a bad setting: say which
+        paths = dict.fromkeys(("mode", "device pointers", "size table"), str(exc))
     return {
         "fastreduce": fastreduce.__version__,
         "python": platform.python_version(),
@@ -53,6 +58,9 @@ def collect() -> dict:
                                    for k, v in fastreduce.half_precision_paths().items()),
         "CUDA-aware": f"{'yes' if aware else 'no'} ({how})",
         "CUDA runtime": cuda_runtime,
+        "GPU path": paths["mode"],
+        "device pointers": paths["device pointers"],
+        "GPU size table": paths["size table"],
         "torch buffers": exchange_text,
         "rank": world.Get_rank(),
         "size": world.Get_size(),
@@ -67,8 +75,8 @@ PER_RANK = ("rank", "local rank", "local size", "host")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        print("usage: fastreduce-info   (takes no arguments; run it under mpiexec or srun)",
+    if argv not in ([], ["--calibrate"]):
+        print("usage: fastreduce-info [--calibrate]   (run it under mpiexec or srun)",
               file=sys.stderr)
         return 2
     from mpi4py import MPI
@@ -83,6 +91,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'ranks':>{width}} : " + ", ".join(
             f"{r['rank']}@{r['host']} (local {r['local rank']}/{r['local size']})"
             for r in ranks))
+        sys.stdout.flush()
+    if argv == ["--calibrate"]:
+        return calibrate_and_print()
+    return 0
+
+
+def calibrate_and_print() -> int:
+    """Time both GPU paths on every rank's GPU (local rank % devices); rank 0 prints the
+    timings and the size table. Collective; exit status 1 on every rank if it fails."""
+    from mpi4py import MPI
+
+    from fastreduce import _collectives, _cuda, gpupath, runtime
+
+    world = MPI.COMM_WORLD
+    problem = None
+    try:
+        _cuda.set_device(runtime.local_rank() % _cuda.device_count())
+    except (RuntimeError, ValueError) as exc:
+        problem = str(exc)
+    problems = [p for p in world.allgather(problem) if p]
+    if problems:
+        if world.Get_rank() == 0:
+            print(f"fastreduce-info: cannot calibrate: {problems[0]}", file=sys.stderr)
+        return 1
+    try:
+        result = gpupath.calibrate(_collectives.default_comm(), details=True)
+    except (gpupath.CalibrationError, ValueError) as exc:
+        if world.Get_rank() == 0:
+            print(f"fastreduce-info: {exc}", file=sys.stderr)
+        return 1
+    if world.Get_rank() == 0:
+        print(f"# GPU path calibration on {world.Get_size()} ranks: float32 sum, "
+              f"slowest rank's median (us)")
+        if result.sizes:
+            print(f"#{'size(B)':>11} {'direct':>10} {'staged':>10} {'chosen':>8}")
+            for n, d, s in zip(result.sizes, result.direct, result.staged, strict=True):
+                print(f" {n:>11} {d * 1e6:10.2f} {s * 1e6:10.2f} "
+                      f"{result.table.path_for(n):>8}")
+        else:
+            print(f"# {result.table.source}")
+        print(f"FASTREDUCE_GPU_THRESHOLDS={result.table.spec()}")
         sys.stdout.flush()
     return 0
 
