@@ -27,8 +27,8 @@ from ._collectives import (  # noqa: E402
 from ._errors import build_mpi  # noqa: E402
 from ._ops import OP_NAMES, half_precision_paths, supports  # noqa: E402
 from ._version import __version__  # noqa: E402
-from .partition import CartesianPartition, Partition  # noqa: E402
 from .gpupath import CalibrationError  # noqa: E402
+from .partition import CartesianPartition, Partition  # noqa: E402
 from .runtime import cuda_aware, local_rank, local_size, set_cuda_aware  # noqa: E402
 
 # The torch layers load torch only when first used, so the core works without it.

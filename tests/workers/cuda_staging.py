@@ -201,7 +201,8 @@ for name in ("float32", "int64", "float16", "uint8"):
     for form, blocking in BLOCKING_FORMS.items():
         g = on_gpu(values, name)
         holder = []
-        mine, fake = counted(lambda form=form, g=g: holder.append(reduce_by(form, g)))
+        mine, fake = counted(lambda form=form, g=g, holder=holder: holder.append(
+            reduce_by(form, g)))
         copies = nchunks if blocking else 1
         check(mine["d2h_copies"] == mine["h2d_copies"] == fake["d2h_copies"] == copies
               and mine["d2h_bytes"] == mine["h2d_bytes"] == nbytes,
