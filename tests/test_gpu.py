@@ -46,6 +46,17 @@ def test_cuda_tensors(nprocs):
     assert f"on {nprocs} ranks, 0 failed" in out
 
 
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_cuda_tensors_on_the_paths_this_mpi_allows(nprocs):
+    """The same checks with the path fastreduce chooses for the MPI in use: with a CUDA-aware
+    MPI, direct calls (no copies) where it promises them, never a non-blocking one it does
+    not; with any other MPI, the staged path again."""
+    require_cuda()
+    out = run_workers("gpu_torch.py", nprocs, "--as-detected", "--sections",
+                      "matrix,ordering,visible,layers,gradsync", timeout=TIMEOUT)
+    assert f"on {nprocs} ranks, 0 failed" in out
+
+
 def test_gradient_sync_broadcasts_cuda_parameters():
     """GradientSync(model) on a CUDA model (broadcast_parameters=True, the default) copies
     rank 0's parameters to every rank with an MPI that cannot read GPU memory. A job of its

@@ -21,7 +21,12 @@ so nothing here hands a device pointer to MPI. Sections:
   gradsync    GradientSync on a CUDA MLP against a CPU reference run
   gradsync_broadcast  (only when named) GradientSync's broadcast of rank 0's CUDA parameters
 
-Usage: gpu_torch.py [--sections matrix,counts,...]
+With --as-detected the worker does not force the staged path: each call takes the path
+fastreduce chooses for this MPI (direct where a CUDA-aware MPI promises to take device
+pointers and the size table says so); a direct call must make no copy, and no non-blocking
+call may go direct unless the MPI promises it.
+
+Usage: gpu_torch.py [--sections matrix,counts,...] [--as-detected]
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ fails = Failures()
 expect = fails.expect
 p, rank = WORLD.size, WORLD.rank
 DEV = torch.device("cpu")  # this rank's CUDA device, set by main()
+SUPPORT = None  # fastreduce.gpupath.device_pointer_support() in force, set by main()
 
 DTYPES = (torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
           torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
@@ -275,8 +281,17 @@ def staged_case(dtype: torch.dtype, op: str, shape: tuple, form: str, integral: 
     before = x.clone()
     frcuda.reset_copy_counts()
     result = call(form, x, op)
-    chunks = expected_chunks(nbytes, blocking)
-    check_counts(frcuda.copy_counts(), nbytes, chunks, case, chunks)
+    counts = frcuda.copy_counts()
+    if counts["direct_calls"]:  # --as-detected: the device pointer went to MPI
+        fails.check(blocking or SUPPORT.nonblocking,
+                    f"{case}: a non-blocking call went direct; the MPI does not promise it "
+                    f"({SUPPORT.why})")
+        fails.check(counts["d2h_copies"] == counts["h2d_copies"] == 0,
+                    f"{case}: a direct call made copies: {counts}")
+        want = fastreduce.allreduce_(before.cpu(), op) if blocking else want
+    else:
+        chunks = expected_chunks(nbytes, blocking)
+        check_counts(counts, nbytes, chunks, case, chunks)
     fails.check(result.device == DEV, f"{case}: result on {result.device}")
     if form not in ("in_place", "iallreduce_"):
         fails.check(same_bits(x, before), f"{case}: x was modified by an out-of-place call")
@@ -674,6 +689,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
                         help=f"comma-separated, from {', '.join(SECTIONS)}")
+    parser.add_argument("--as-detected", action="store_true",
+                        help="take the paths fastreduce chooses for this MPI (default: staged)")
     args = parser.parse_args()
     names = args.sections.split(",")
     unknown = [name for name in names if name not in SECTIONS]
@@ -685,9 +702,14 @@ def main() -> None:
                          f"{torch.__version__}: torch.cuda.is_available() is False)")
     torch.cuda.set_device(fastreduce.local_rank() % torch.cuda.device_count())
     DEV = torch.device("cuda", torch.cuda.current_device())
-    fastreduce.set_cuda_aware(False)  # the Open MPI wheel cannot read GPU memory
-    fails.check(fastreduce.cuda_aware() == (False, "fastreduce.set_cuda_aware()"),
-                f"cuda_aware() is {fastreduce.cuda_aware()} after set_cuda_aware(False)")
+    global SUPPORT
+    if not args.as_detected:
+        fastreduce.set_cuda_aware(False)  # the Open MPI wheel cannot read GPU memory
+        fails.check(fastreduce.cuda_aware() == (False, "fastreduce.set_cuda_aware()"),
+                    f"cuda_aware() is {fastreduce.cuda_aware()} after set_cuda_aware(False)")
+    SUPPORT = fastreduce.gpupath.device_pointer_support()
+    if rank == 0:
+        print(f"GPU paths: {fastreduce.gpupath.gpu_path_settings()}", flush=True)
     fastreduce.allreduce_(torch.ones(1, device=DEV))  # loads the CUDA runtime
     info = frcuda.runtime_info()
     fails.check(info["path"] is not None, f"runtime_info() after a GPU call: {info}")
