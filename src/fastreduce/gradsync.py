@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
+from . import gpupath
 from ._collectives import default_comm, iallreduce_
-from .runtime import cuda_aware
 
 __all__ = ["GradientSync"]
 
@@ -108,7 +108,9 @@ class GradientSync:
 
     def sync_parameters(self) -> None:
         """Copy rank 0's parameters and buffers to every rank (collective)."""
-        through_host = not cuda_aware()[0]
+        # device pointers only to an MPI that promises blocking collectives on them
+        through_host = (not gpupath.device_pointer_support().blocking
+                        or gpupath.gpu_path_mode()[0] == "staged")
         with torch.no_grad():
             for t in list(self.module.parameters()) + list(self.module.buffers()):
                 data = t.data if t.is_contiguous() else t.data.contiguous()
