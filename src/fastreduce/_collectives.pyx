@@ -37,7 +37,14 @@ cdef extern from "_halfops.h" nogil:
 cdef MPI_Comm _default_handle = MPI_COMM_NULL
 cdef object _default_comm = None
 cdef int64_t _count_limit = INT_MAX
-cdef int64_t _mpi_calls = 0  # MPI_Allreduce calls made by _run (the calibration counts them)
+
+cdef extern from *:
+    """
+    /* MPI_Allreduce calls made by _run in this thread (the GPU path calibration counts its
+     * own; per thread, so that other threads' calls do not disturb the count) */
+    static __thread long long fr_thread_mpi_calls = 0;
+    """
+    long long fr_thread_mpi_calls
 
 
 def default_comm():
@@ -78,7 +85,7 @@ cdef int _resolve_comm(object comm, MPI_Comm* out) except -1:
 cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
               MPI_Comm comm) except -1:
     """MPI_Allreduce of `count` elements, in chunks or large-count where needed, then avg."""
-    global _mpi_calls
+    global fr_thread_mpi_calls
     cdef int ierr = MPI_SUCCESS
     cdef int size = 1
     cdef int64_t limit = _count_limit
@@ -87,15 +94,15 @@ cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction
     cdef int64_t stride = red.itemsize
     with nogil:
         if count <= limit:
-            _mpi_calls += 1
+            fr_thread_mpi_calls += 1
             ierr = MPI_Allreduce(sendbuf, recvbuf, <int>count, red.datatype, red.op, comm)
         elif FASTREDUCE_HAVE_LARGE_COUNT and red.predefined:
-            _mpi_calls += 1
+            fr_thread_mpi_calls += 1
             ierr = fr_allreduce_large(sendbuf, recvbuf, count, red.datatype, red.op, comm)
         else:
             while offset < count and ierr == MPI_SUCCESS:
                 n = min(limit, count - offset)
-                _mpi_calls += 1
+                fr_thread_mpi_calls += 1
                 ierr = MPI_Allreduce(
                     sendbuf if sendbuf == MPI_IN_PLACE else <const char*>sendbuf + offset * stride,
                     recvbuf + offset * stride, <int>n, red.datatype, red.op, comm)
@@ -832,8 +839,8 @@ def _reduce_local(inbuf, inoutbuf, op="sum"):
 
 
 def _mpi_call_count() -> int:
-    """MPI_Allreduce calls made by fastreduce's blocking paths so far (for the calibration)."""
-    return _mpi_calls
+    """MPI_Allreduce calls made by fastreduce's blocking paths in this thread so far."""
+    return fr_thread_mpi_calls
 
 
 def _time_device_path(comm, size_t device_ptr, int64_t nbytes, str path, int reps) -> list:

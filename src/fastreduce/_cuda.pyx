@@ -253,6 +253,8 @@ def device_alloc(size_t nbytes) -> int:
     load_runtime("fastreduce", 0)
     _check(_Malloc(&ptr, max(nbytes, 1)), b"cudaMalloc")
     cdef int err = _Memset(ptr, 0, nbytes)
+    if err == cudaSuccess:  # cudaMemset may return before it is done: wait for it
+        err = _StreamSynchronize(NULL)
     if err != cudaSuccess:
         _Free(ptr)
         _check(err, b"cudaMemset")

@@ -87,8 +87,9 @@ CAPABILITY_TABLE = (
      "device buffers in collectives, blocking and non-blocking"),
     ("MPICH >= 4 (GPU support, yaksa)", True, True, False,
      "device buffers in all communication calls"),
-    ("Intel MPI (I_MPI_OFFLOAD=1)", True, False, False,
-     "documents device buffers for blocking calls (MPI_Allreduce, MPI_Bcast, ...)"),
+    ("Intel MPI with I_MPI_OFFLOAD=1 or 2", True, False, False,
+     "documents device buffers for blocking calls (MPI_Allreduce, MPI_Bcast, ...); "
+     "without the variable: none"),
     ("MPICH 3.x", True, False, False, "collectives with ops stage device buffers"),
     ("any other CUDA-aware MPI", True, False, False, "blocking only, to be safe"),
 )
@@ -119,7 +120,11 @@ def mpi_promises(library_version: str, cuda_aware: bool, how: str = "",
     if "MVAPICH" in text.upper() and ("GDR" in text.upper() or "PLUS" in text.upper()):
         return _row(2)
     if "Intel(R) MPI" in text or "Intel MPI" in text:
-        return _row(4)
+        if environ.get("I_MPI_OFFLOAD", "").strip() in ("1", "2"):
+            return _row(4)
+        return DevicePointerSupport(False, False, False,
+                                    "Intel MPI without I_MPI_OFFLOAD=1 in the environment does "
+                                    "not take GPU buffers")
     match = re.search(r"MPICH Version:\s*(\d+)", text)
     if match:
         return _row(3) if int(match.group(1)) >= 4 else _row(5)
@@ -246,11 +251,13 @@ class PathTable:
     def parse(cls, text: str, source: str = "") -> PathTable:
         """From "staged", "direct", or "0:direct,64KiB:staged,16MiB:direct"."""
         what = f"{source}={text!r}" if source else repr(text)
-        body = " ".join(line.split("#", 1)[0] for line in text.splitlines()).strip()
+        lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+        body = ",".join(line.removeprefix("FASTREDUCE_GPU_THRESHOLDS=") for line in lines
+                        if line).strip(",")
         if body in PATHS:
             return cls(((0, body),), source)
         steps = []
-        for item in body.split(","):
+        for item in [item for item in body.split(",") if item.strip()] or [""]:
             size, sep, path = item.strip().partition(":")
             try:
                 if not sep or path.strip() not in PATHS:
@@ -338,15 +345,47 @@ def _forget() -> None:
     _gpupath.forget()
 
 
-def _core_settings() -> tuple[str, DevicePointerSupport, tuple | None]:
-    """(mode, support, pinned steps or None), as the C decision reads them once."""
-    mode, _ = gpu_path_mode()
-    support = device_pointer_support()
-    pinned = pinned_thresholds() if mode == "auto" else None
-    return mode, support, None if pinned is None else pinned.steps
+def _agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
+    """(mode, support, auto mode's size table) that every rank of comm agrees on (collective).
 
+    The settings decide which MPI calls each rank makes, so they must be the same on every
+    rank: a difference, or a bad setting on any rank, raises ValueError on every rank.
+    """
+    try:
+        mode, _ = gpu_path_mode()
+        support = device_pointer_support()
+        pinned = pinned_thresholds() if mode == "auto" else None
+        mine = (mode, support.calls(), pinned.spec() if pinned else "calibrated")
+        error = None
+    except ValueError as exc:
+        mine, error = None, str(exc)
+    everyone = comm.allgather((mine, error))
+    failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err]
+    if error:
+        raise ValueError(error)
+    if failed:
+        raise ValueError(f"fastreduce: rank {failed[0][0]} of this communicator has a bad GPU "
+                         f"path setting ({failed[0][1]})")
+    if len({m for m, _ in everyone}) > 1:
+        by_setting: dict = {}
+        for rank, (m, _) in enumerate(everyone):
+            by_setting.setdefault(m, []).append(rank)
+        said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r[:8]))}"
+                         f"{'...' if len(r) > 8 else ''}: mode {m[0]}, device pointers "
+                         f"{m[1]}, size table {m[2]}" for m, r in by_setting.items())
+        raise ValueError(
+            f"fastreduce: the ranks of this communicator disagree on the GPU path settings, "
+            f"which decide the MPI calls each one makes ({said}); give every rank the same "
+            f"FASTREDUCE_GPU_PATH, FASTREDUCE_GPU_THRESHOLDS(_FILE), FASTREDUCE_DEVICE_POINTERS "
+            f"and FASTREDUCE_CUDA_AWARE (and the same set_* calls)")
+    if mode != "auto" or not (support.blocking or support.nonblocking):
+        steps = ((0, "staged"),)  # not consulted: the mode or the MPI decides
+    elif pinned is not None:
+        steps = pinned.steps
+    else:
+        steps = _thresholds_for(comm)
+    return mode, support, steps
 
-# --- calibration ---------------------------------------------------------------------
 
 # Groups already calibrated in this process, with their steps: a communicator whose group
 # has the same members reuses them (no collective). Consistent across ranks: every member
@@ -363,9 +402,10 @@ def _thresholds_for(comm) -> tuple:
         if group.Compare(known) in (MPI.IDENT, MPI.SIMILAR):
             group.Free()
             return steps
-    table = calibrate(comm)
-    _calibrated.append((group, table.steps))
-    return table.steps
+    result = calibrate(comm, details=True)
+    if result.sizes:  # measured (not "staged: nothing can go direct"): keep it
+        _calibrated.append((group, result.table.steps))
+    return result.table.steps
 
 
 def _reps(nbytes: int) -> int:
@@ -451,7 +491,10 @@ def calibrate(comm=None, *, details: bool = False):
                         median = statistics.median(times[1:])
                     except Exception as exc:  # noqa: BLE001
                         error = f"{type(exc).__name__}: {exc}"
-                _catch_up(comm, counts, _collectives._mpi_call_count() - before)
+                try:
+                    _catch_up(comm, counts, _collectives._mpi_call_count() - before)
+                except Exception as exc:  # noqa: BLE001  (MPI is failing: report it below)
+                    error = error or f"{type(exc).__name__}: {exc}"
                 medians.append(median)
     finally:
         if ptr is not None:

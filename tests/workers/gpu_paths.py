@@ -53,7 +53,8 @@ FAMILIES = {  # name -> (MPI_Get_library_version text, environment, blocking, no
                             {}, False, False, False),
     "MVAPICH2-GDR": ("MVAPICH2-GDR Version 2.3.7\nMVAPICH2 Release date: 2022", {},
                      True, True, False),
-    "Intel MPI": ("Intel(R) MPI Library 2021.11 for Linux* OS", {}, True, False, False),
+    "Intel MPI": ("Intel(R) MPI Library 2021.11 for Linux* OS", {"I_MPI_OFFLOAD": "1"},
+                  True, False, False),
     "unknown": ("SomeVendor MPI 1.0", {}, True, False, False),
 }
 
@@ -81,7 +82,7 @@ def logged(fn):
 
 def use_family(name: str | None) -> None:
     """Make fastreduce see the family's MPI (None: the real one again)."""
-    for variable in ("MPICH_GPU_SUPPORT_ENABLED",):
+    for variable in ("MPICH_GPU_SUPPORT_ENABLED", "I_MPI_OFFLOAD"):
         os.environ.pop(variable, None)
     if name is None:
         gpupath._library_version = real_library_version
@@ -277,16 +278,22 @@ check("calibrated" in gpupath.gpu_path_settings()["size table"],
       f"settings: {gpupath.gpu_path_settings()}")
 
 # --- failures: one rank's error is every rank's CalibrationError -------------------------------
-def failing(where: str):
+def failing(where: str, at: int, done: int):
+    """The last rank fails timing `where` at `at` bytes, after `done` of its calls."""
     def measure(comm, ptr, nbytes, path, reps):
-        if comm.Get_rank() == size - 1 and nbytes == 4096 and path == where:
+        if comm.Get_rank() == size - 1 and nbytes == at and path == where:
+            real_measure(comm, ptr, nbytes, path, done)  # part of the MPI calls made
             raise RuntimeError("fastreduce: CUDA cudaMemcpyAsync failed: injected (error 1)")
         return faked(comm, ptr, nbytes, path, reps)
     return measure
 
 
-for where in ("direct", "staged"):
-    gpupath._measure = failing(where)
+# before any call; half-way through a pipelined staged measurement (2 MPI calls per rep)
+for where, at, done in (("direct", 4096, 0), ("staged", 1 << 20, 4)):
+    if where == "staged":
+        check(gpupath._call_counts(at, "staged") == [at // 8] * 2,
+              f"1 MiB staged is 2 MPI calls: {gpupath._call_counts(at, 'staged')}")
+    gpupath._measure = failing(where, at, done)
     fresh = fastreduce.default_comm().Create_group(fastreduce.default_comm().Get_group().Incl(
         list(range(size))[::-1]))  # same members, another order: counts as calibrated
     gpupath._calibrated.clear()
@@ -338,6 +345,22 @@ for variable, value, words in (
     x = FakeCudaArray.from_numpy(values_of(10, rank, np.float32))
     expect(ValueError, words, lambda x=x: fastreduce.allreduce_(x), x)
     del os.environ[variable]
+# ranks that disagree, or one rank's bad setting: every rank raises, none hangs
+if size > 1:
+    for label, variable, value in (("disagree", "FASTREDUCE_GPU_PATH", "staged"),
+                                   ("bad on rank 0", "FASTREDUCE_GPU_PATH", "fast")):
+        if rank == 0:
+            os.environ[variable] = value
+        runtime.set_gpu_path(None)
+        x = FakeCudaArray.from_numpy(values_of(10, rank, np.float32))
+        if label == "disagree":
+            words = ["disagree on the GPU path settings", "rank 0: mode staged", "FASTREDUCE_GPU_PATH"]
+        elif rank == 0:
+            words = ["FASTREDUCE_GPU_PATH='fast'"]
+        else:
+            words = ["rank 0 of this communicator has a bad GPU path setting", "'fast'"]
+        expect(ValueError, words, lambda x=x: fastreduce.allreduce_(x), x)
+        os.environ.pop(variable, None)
 runtime.set_gpu_path("auto")
 runtime.set_device_pointer_calls("blocking,nonblocking")
 

@@ -32,7 +32,8 @@ cases = [  # text, environment, (blocking, non-blocking, 16-bit)
     (MVAPICH_GDR, {}, (True, True, False)),
     (MVAPICH_PLUS, {}, (True, True, False)),
     (MVAPICH, {}, (True, False, False)),  # plain MVAPICH2: unknown GPU support, blocking only
-    (INTEL, {}, (True, False, False)),
+    (INTEL, {"I_MPI_OFFLOAD": "1"}, (True, False, False)),
+    (INTEL, {}, (False, False, False)),
     ("Some Vendor MPI 2.0", {}, (True, False, False)),
 ]
 for text, environ, want in cases:
@@ -68,6 +69,10 @@ check(PathTable.parse("staged").steps == ((0, "staged"),) and
       PathTable.parse("direct").spec() == "direct", "single paths")
 check(PathTable.parse("# from our cluster\n0:staged # small\n,1000:direct\n").steps
       == ((0, "staged"), (1000, "direct")), "comments and lines in a file")
+check(PathTable.parse("# one step a line\n0:direct\n64KiB:staged\n\n1MiB:direct\n").steps
+      == ((0, "direct"), (65536, "staged"), (1 << 20, "direct")), "one step a line")
+check(PathTable.parse("FASTREDUCE_GPU_THRESHOLDS=0:direct,4KiB:staged\n").steps
+      == ((0, "direct"), (4096, "staged")), "fastreduce-info --calibrate's line as it is")
 for bad, words in (("64KiB:direct", ["start at 0"]), ("0:direct,4K:staged,1K:direct",
                    ["increase"]), ("0:direct,0:staged", ["increase"]), ("0:fast", ["SIZE:PATH"]),
                    ("fast", ["SIZE:PATH"]), ("0-direct", ["SIZE:PATH"]), ("", ["SIZE:PATH"])):
