@@ -70,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allreduce(x) into a new tensor (default: in place, allreduce_)")
     parser.add_argument("--buffers", default="torch", choices=("torch", "numpy"))
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--gpu-paths", default="auto",
+    parser.add_argument("--gpu-paths", default="",
                         help="with --device cuda: the GPU path modes to time, e.g. "
-                        "auto,direct,staged (default auto); the first fills the main columns")
+                        "auto,direct,staged (default: the mode in force, FASTREDUCE_GPU_PATH); "
+                        "the first fills the main columns")
     parser.add_argument("--nonblocking", action="store_true",
                         help="iallreduce + wait instead of the blocking call")
     parser.add_argument("--partition", help="a Cartesian partition of the ranks, e.g. 2x2x3")
@@ -146,13 +147,13 @@ def check_args(args, world_size: int):
     elif args.axes:
         raise UsageError("--axes needs --partition")
     modes = [m.strip() for m in args.gpu_paths.split(",") if m.strip()]
-    if not modes or any(m not in ("auto", "direct", "staged") for m in modes) or len(
-            set(modes)) != len(modes):
+    if any(m not in ("auto", "direct", "staged") for m in modes) or len(set(modes)) != len(
+            modes):
         raise UsageError(f"--gpu-paths {args.gpu_paths!r}: distinct modes from auto, direct, "
                          f"staged")
-    if args.device != "cuda" and modes != ["auto"]:
+    if args.device != "cuda" and modes:
         raise UsageError("--gpu-paths needs --device cuda")
-    args.gpu_modes = modes
+    args.gpu_modes = modes or [None]  # None: the mode in force
     peers = [p for p in args.peers.split(",") if p]
     if any(p not in ("mpi4py", "torch") for p in peers):
         raise UsageError(f"--peers {args.peers!r}: choose from mpi4py, torch")
@@ -277,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
               f"CUDA-aware: {meta['cuda_aware']}")
         if gpu:
             settings = meta["gpu_paths"]
-            print(f"# GPU path modes timed: {', '.join(args.gpu_modes)} (main columns: "
-                  f"{args.gpu_modes[0]}); device pointers to MPI: {settings['device pointers']}")
+            timed = ", ".join(m or settings["mode"] for m in args.gpu_modes)
+            print(f"# GPU path modes timed: {timed}; device pointers to MPI: "
+                  f"{settings['device pointers']}")
         peer_head = "".join(f" {name + '(us)':>13}" for name in peers)
         gpu_head = (f" {'path':>7}" + "".join(f" {m + '(us)':>11} {'path':>7}"
                                                for m in args.gpu_modes[1:])) if gpu else ""
@@ -403,13 +405,14 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
 
 
 def _time_mode(args, comm, call, iters: int, warmup: int, mode: str) -> dict:
-    """Every rank's seconds per call with FASTREDUCE_GPU_PATH=mode (on a GPU), and the path
-    the timed calls took: direct, staged, or mixed (from fastreduce's path counters)."""
+    """Every rank's seconds per call in a GPU path mode (None: the one in force), and the
+    path the timed calls took: direct, staged, or mixed (from fastreduce's path counters)."""
     if args.device != "cuda":
         return {"times": comm.allgather(_time(comm, call, iters, warmup)), "path": ""}
     from . import runtime
 
-    runtime.set_gpu_path(mode)
+    if mode is not None:
+        runtime.set_gpu_path(mode)
     try:
         for _ in range(warmup):  # a calibration (auto, first use) happens here, untimed
             call()
@@ -417,7 +420,8 @@ def _time_mode(args, comm, call, iters: int, warmup: int, mode: str) -> dict:
         t = _time(comm, call, iters, 0, args.device)
         counts = runtime.gpu_copy_counts()
     finally:
-        runtime.set_gpu_path(None)
+        if mode is not None:
+            runtime.set_gpu_path(None)
     direct = comm.allreduce(counts["direct_calls"])
     staged = comm.allreduce(counts["staged_calls"])
     path = "mixed" if direct and staged else "direct" if direct else "staged"

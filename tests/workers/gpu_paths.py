@@ -354,7 +354,8 @@ if size > 1:
         runtime.set_gpu_path(None)
         x = FakeCudaArray.from_numpy(values_of(10, rank, np.float32))
         if label == "disagree":
-            words = ["disagree on the GPU path settings", "rank 0: mode staged", "FASTREDUCE_GPU_PATH"]
+            words = ["disagree on the GPU path settings", "rank 0: mode staged",
+                     "FASTREDUCE_GPU_PATH"]
         elif rank == 0:
             words = ["FASTREDUCE_GPU_PATH='fast'"]
         else:
