@@ -27,3 +27,30 @@ def test_counts_above_the_int_limit(nprocs, framework):
     (MPI-4 large counts) or, where the MPI lacks it, through chunks."""
     out = run_workers("allreduce_matrix.py", nprocs, framework, "--count-limit", "5")
     assert f"on {nprocs} ranks, 0 failed" in out
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_segmented(nprocs, framework):
+    """16-byte segments: every tensor of several elements goes in many MPI calls (counted),
+    the results match the reference and are bit-identical on every rank."""
+    out = run_workers("allreduce_matrix.py", nprocs, framework, "--segment-bytes", "16")
+    assert f"on {nprocs} ranks, 0 failed" in out
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_segmented_with_the_int_limit(nprocs):
+    """Segments below and above a lowered int-count limit: whichever is smaller cuts."""
+    for segment in ("8", "64"):
+        out = run_workers("allreduce_matrix.py", nprocs, "numpy", "--count-limit", "5",
+                          "--segment-bytes", segment)
+        assert f"on {nprocs} ranks, 0 failed" in out
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_segments_over_one_mib(framework):
+    """The default segment size on tensors of a few MiB, and segmentation off."""
+    for segment in ("1048576", "0"):
+        out = run_workers("allreduce_matrix.py", 3, framework, "--big", "--segment-bytes",
+                          segment)
+        assert "on 3 ranks, 0 failed" in out

@@ -97,7 +97,7 @@ def test_info_prints_every_field(nprocs):
     rc, out = run_mpi(nprocs, sys.executable, "-m", "fastreduce.info")
     assert rc == 0, out
     for field in ("fastreduce", "mpi4py", "torch", "built against", "running on",
-                  "linked libmpi", "MPI standard", "thread level", "large counts",
+                  "linked libmpi", "MPI standard", "thread level", "large counts", "segments",
                   "16-bit floats", "CUDA-aware", "CUDA runtime", "GPU path", "device pointers",
                   "GPU size table", "torch buffers", "size", "ranks"):
         assert re.search(rf"^ *{re.escape(field)} : \S", out, re.M), (field, out)
@@ -133,3 +133,28 @@ def test_info_calibrate_without_cuda(monkeypatch):
     assert "FASTREDUCE_CUDART" in out, out
     rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info", "--frobnicate")
     assert rc == 2 and "usage: fastreduce-info [--calibrate]" in out, out
+
+
+def test_bench_unsegmented_column(monkeypatch):
+    """--peers unsegmented times fastreduce with one MPI call per all-reduce beside the
+    segmented calls (1 KiB segments here), both correct."""
+    monkeypatch.setenv("FASTREDUCE_SEGMENT_BYTES", "1K")
+    rc, out = run_mpi(3, *BENCH, "-b", "256", "-e", "16K", "-f", "4", "-n", "10",
+                      "--peers", "unsegmented")
+    assert rc == 0, out
+    header = next(line for line in out.splitlines() if line.startswith("#") and "redop" in line)
+    assert header.split()[-1] == "unsegmented(us)", header
+    rows = table_rows(out)
+    assert len(rows) == 4 and all(r[9] == "0" and float(r[10]) > 0 for r in rows), out
+
+
+def test_segment_setting(monkeypatch):
+    monkeypatch.setenv("FASTREDUCE_SEGMENT_BYTES", "2MiB")
+    rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info")
+    assert rc == 0 and re.search(r"segments : .* above 2MiB go one 2MiB segment", out), out
+    monkeypatch.setenv("FASTREDUCE_SEGMENT_BYTES", "0")
+    rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info")
+    assert rc == 0 and "segments : off" in out, out
+    monkeypatch.setenv("FASTREDUCE_SEGMENT_BYTES", "lots")
+    rc, out = run_mpi(1, sys.executable, "-c", "import fastreduce")
+    assert rc != 0 and "FASTREDUCE_SEGMENT_BYTES='lots'" in out, out

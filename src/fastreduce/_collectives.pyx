@@ -37,6 +37,15 @@ cdef extern from "_halfops.h" nogil:
 cdef MPI_Comm _default_handle = MPI_COMM_NULL
 cdef object _default_comm = None
 cdef int64_t _count_limit = INT_MAX
+cdef int64_t _segment_bytes = 0  # set from FASTREDUCE_SEGMENT_BYTES at import (0: one call)
+
+
+cdef inline int64_t _step(int64_t count, const Reduction* red) noexcept nogil:
+    """Elements per MPI call: a segment (when segmentation applies) or the int count limit."""
+    cdef int64_t segment = max(_segment_bytes // red.itemsize, 1) if _segment_bytes else 0
+    if segment > 0 and count > segment and segment < _count_limit:
+        return segment
+    return _count_limit
 
 cdef extern from *:
     """
@@ -84,11 +93,12 @@ cdef int _resolve_comm(object comm, MPI_Comm* out) except -1:
 
 cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
               MPI_Comm comm) except -1:
-    """MPI_Allreduce of `count` elements, in chunks or large-count where needed, then avg."""
+    """MPI_Allreduce of `count` elements, then avg: one call, or one per segment (large
+    messages; faster than one call), or per int-sized chunk / large-count past INT_MAX."""
     global fr_thread_mpi_calls
     cdef int ierr = MPI_SUCCESS
     cdef int size = 1
-    cdef int64_t limit = _count_limit
+    cdef int64_t limit = _step(count, red)
     cdef int64_t offset = 0
     cdef int64_t n
     cdef int64_t stride = red.itemsize
@@ -96,7 +106,7 @@ cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction
         if count <= limit:
             fr_thread_mpi_calls += 1
             ierr = MPI_Allreduce(sendbuf, recvbuf, <int>count, red.datatype, red.op, comm)
-        elif FASTREDUCE_HAVE_LARGE_COUNT and red.predefined:
+        elif FASTREDUCE_HAVE_LARGE_COUNT and red.predefined and limit == _count_limit:
             fr_thread_mpi_calls += 1
             ierr = fr_allreduce_large(sendbuf, recvbuf, count, red.datatype, red.op, comm)
         else:
@@ -836,6 +846,49 @@ def _reduce_local(inbuf, inoutbuf, op="sum"):
     cdef const Reduction* red = get_reduction(a.kind, op_code(op))
     CHKERR(MPI_Reduce_local(a.data, b.data, <int>a.count, red.datatype, red.op))
     return inoutbuf
+
+
+# --- segmentation -------------------------------------------------------------------
+#
+# One MPI_Allreduce of a large host buffer is slower than the same bytes in a sequence of
+# smaller calls, in both MPI families (see the README's measurements); so blocking calls
+# above the segment size reduce one segment after another. The size decides how the ranks'
+# MPI calls match: it must be the same on every rank.
+
+DEFAULT_SEGMENT_BYTES = 4 << 20
+
+
+def segment_bytes() -> int:
+    """Bytes per MPI call of a segmented (large) blocking all-reduce; 0: one call."""
+    return _segment_bytes
+
+
+def set_segment_bytes(int64_t nbytes) -> int:
+    """Set segment_bytes() on this rank (0: off); the same on every rank. Returns the old."""
+    global _segment_bytes
+    if nbytes < 0:
+        raise ValueError(f"fastreduce: segment size {nbytes}: give 0 (one MPI call per "
+                         f"all-reduce) or a positive number of bytes")
+    old, _segment_bytes = _segment_bytes, nbytes
+    return old
+
+
+def _init_segment_setting():
+    import os
+
+    text = os.environ.get("FASTREDUCE_SEGMENT_BYTES", "").strip()
+    if not text:
+        set_segment_bytes(DEFAULT_SEGMENT_BYTES)
+        return
+    from .gpupath import parse_size
+    try:
+        set_segment_bytes(parse_size(text))
+    except ValueError:
+        raise ValueError(f"FASTREDUCE_SEGMENT_BYTES={text!r}: give bytes (with K, M or G), "
+                         f"or 0 for one MPI call per all-reduce") from None
+
+
+_init_segment_setting()
 
 
 def _mpi_call_count() -> int:

@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="iallreduce + wait instead of the blocking call")
     parser.add_argument("--partition", help="a Cartesian partition of the ranks, e.g. 2x2x3")
     parser.add_argument("--axes", help="reduce over these axes of --partition, e.g. 1,2")
-    parser.add_argument("--peers", default="", help="also time mpi4py and/or torch (gloo): "
-                        "--peers mpi4py,torch")
+    parser.add_argument("--peers", default="", help="also time mpi4py, torch (gloo) and/or "
+                        "fastreduce with segmentation off: --peers mpi4py,torch,unsegmented")
     parser.add_argument("--json", help="write every number to this file (rank 0)")
     parser.add_argument("--csv", help="write the table to this CSV file (rank 0)")
     parser.add_argument("--plot", help="draw latency and busbw against size into this PNG "
@@ -155,8 +155,8 @@ def check_args(args, world_size: int):
         raise UsageError("--gpu-paths needs --device cuda")
     args.gpu_modes = modes or [None]  # None: the mode in force
     peers = [p for p in args.peers.split(",") if p]
-    if any(p not in ("mpi4py", "torch") for p in peers):
-        raise UsageError(f"--peers {args.peers!r}: choose from mpi4py, torch")
+    if any(p not in ("mpi4py", "torch", "unsegmented") for p in peers):
+        raise UsageError(f"--peers {args.peers!r}: choose from mpi4py, torch, unsegmented")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -400,7 +400,8 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
     mine = int(np.count_nonzero(got != want))
     row["wrong"] = comm.allreduce(mine)
     for name in peers:
-        row["peers"][name] = _time_peer(name, args, comm, count, iters, warmup, gloo) * 1e6
+        row["peers"][name] = _time_peer(name, args, comm, count, iters, warmup, gloo,
+                                        call) * 1e6
     return row
 
 
@@ -456,10 +457,19 @@ def _device_sync(device: str):
     return torch.cuda.synchronize
 
 
-def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo) -> float:
+def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
+               call=None) -> float:
     from mpi4py import MPI
 
-    if name == "mpi4py":
+    if name == "unsegmented":  # fastreduce's own call with one MPI call per all-reduce
+        from . import runtime
+
+        old = runtime.set_segment_bytes(0)
+        try:
+            t = _time(comm, call, iters, warmup, args.device)
+        finally:
+            runtime.set_segment_bytes(old)
+    elif name == "mpi4py":
         ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
                "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR, "avg": MPI.SUM}
         dtype = "float32" if args.dtype == "bfloat16" else args.dtype

@@ -54,6 +54,7 @@ def collect() -> dict:
         "MPI standard": "{}.{}".format(*MPI.Get_version()),
         "thread level": thread_names.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "large counts": "MPI_Allreduce_c" if fastreduce.HAVE_LARGE_COUNT else "chunked",
+        "segments": _segments(runtime.segment_bytes()),
         "16-bit floats": "; ".join(f"{k}: {v}"
                                    for k, v in fastreduce.half_precision_paths().items()),
         "CUDA-aware": f"{'yes' if aware else 'no'} ({how})",
@@ -68,6 +69,15 @@ def collect() -> dict:
         "local size": runtime.local_size(),
         "host": MPI.Get_processor_name(),
     }
+
+
+def _segments(nbytes: int) -> str:
+    from fastreduce.gpupath import format_size
+
+    if nbytes == 0:
+        return "off: one MPI call per blocking all-reduce (FASTREDUCE_SEGMENT_BYTES=0)"
+    return (f"blocking all-reduces above {format_size(nbytes)} go one {format_size(nbytes)} "
+            f"segment per MPI call (FASTREDUCE_SEGMENT_BYTES)")
 
 
 PER_RANK = ("rank", "local rank", "local size", "host")

@@ -13,6 +13,7 @@ import os
 from mpi4py import MPI
 
 from . import _gpupath
+from ._collectives import segment_bytes, set_segment_bytes
 from ._cuda import copy_counts as gpu_copy_counts
 from ._cuda import plan_staging, set_staging_chunk
 from ._cuda import reset_copy_counts as reset_gpu_copy_counts
@@ -28,8 +29,9 @@ from .gpupath import (
 
 __all__ = ["CalibrationError", "calibrate", "cuda_aware", "cuda_runtime_info",
            "gpu_copy_counts", "gpu_path_settings", "local_rank", "local_size", "plan_staging",
-           "reset_gpu_copy_counts", "set_cuda_aware", "set_device_pointer_calls",
-           "set_gpu_path", "set_gpu_thresholds", "set_staging_chunk"]
+           "reset_gpu_copy_counts", "segment_bytes", "set_cuda_aware",
+           "set_device_pointer_calls", "set_gpu_path", "set_gpu_thresholds", "set_segment_bytes",
+           "set_staging_chunk"]
 
 
 @functools.cache

@@ -1,11 +1,16 @@
 """Every dtype x op x shape x mode of allreduce/allreduce_ against a numpy reference.
 
-Usage: allreduce_matrix.py {torch,numpy} [--big] [--count-limit N]
+With --segment-bytes N the calls are segmented (N bytes per MPI call): the number of MPI
+calls each makes is checked too, and every rank must get bit-identical results.
+
+Usage: allreduce_matrix.py {torch,numpy} [--big] [--count-limit N] [--segment-bytes N]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import zlib
 
 import numpy as np
 from common import WORLD, Failures
@@ -19,6 +24,7 @@ NUMPY_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "u
                 "uint64", "float16", "float32", "float64", "complex64", "complex128"]
 SHAPES = [(), (0,), (1,), (7,), (3, 5, 7), (2, 0, 3)]
 MODES = ["in_place", "new", "out"]
+DIGESTS: list[tuple[str, int]] = []  # (case, crc32 of the result): the same on every rank
 
 
 class Framework:
@@ -71,6 +77,7 @@ def run_case(fw: Framework, dtype: str, op: str, shape: tuple, mode: str, integr
     expected = reduce(stack, op, p)
     x = tensors[rank]
     before = fw.to_numpy(x).copy()
+    calls = fastreduce._collectives._mpi_call_count()
     if mode == "in_place":
         result = fastreduce.allreduce_(x, op)
         fails.check(result is x, f"{case}: allreduce_ did not return x")
@@ -82,6 +89,12 @@ def run_case(fw: Framework, dtype: str, op: str, shape: tuple, mode: str, integr
         out = fw.empty_like(x)
         result = fastreduce.allreduce(x, op, out=out)
         fails.check(result is out, f"{case}: allreduce(out=) did not return out")
+    calls = fastreduce._collectives._mpi_call_count() - calls
+    count = int(np.prod(shape, dtype=np.int64))
+    steps = expected_steps(count, fw.to_numpy(x).itemsize if dtype != "bfloat16" else 2)
+    fails.check(calls in {max(1, math.ceil(count / step)) for step in steps},
+                f"{case}: {calls} MPI calls for {count} elements, {steps} per call")
+    DIGESTS.append((str(case), zlib.crc32(fw.to_numpy(result).tobytes())))
     if mode != "in_place":
         fails.check(np.array_equal(fw.to_numpy(x), before, equal_nan=True),
                     f"{case}: x was modified by an out-of-place allreduce")
@@ -98,15 +111,33 @@ def run_case(fw: Framework, dtype: str, op: str, shape: tuple, mode: str, integr
                     f"{case}: error {np.max(err, initial=0)} above {np.max(bound, initial=0)}")
 
 
+def expected_steps(count: int, itemsize: int) -> set[int]:
+    """Elements per MPI call: a segment where segmentation applies, else the count limit
+    (or, past it, one large-count call where the MPI has them, for MPI's own ops)."""
+    limit = fastreduce._collectives._set_count_limit(1)
+    fastreduce._collectives._set_count_limit(limit)
+    segment = fastreduce.runtime.segment_bytes()
+    segment = max(segment // itemsize, 1) if segment else 0
+    if segment and count > segment and segment < limit:
+        return {segment}
+    if count > limit and fastreduce.HAVE_LARGE_COUNT:
+        return {count, limit}
+    return {limit}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=["torch", "numpy"])
     parser.add_argument("--big", action="store_true", help="add tensors over 1 MiB")
     parser.add_argument("--count-limit", type=int, default=0,
                         help="lower the int-count limit to force large-count / chunked calls")
+    parser.add_argument("--segment-bytes", type=int, default=-1,
+                        help="segment size in bytes (default: fastreduce's)")
     args = parser.parse_args()
     if args.count_limit:
         fastreduce._collectives._set_count_limit(args.count_limit)
+    if args.segment_bytes >= 0:
+        fastreduce.runtime.set_segment_bytes(args.segment_bytes)
     fw = Framework(args.framework)
     dtypes = TORCH_DTYPES if fw.name == "torch" else NUMPY_DTYPES
     fails = Failures()
@@ -123,6 +154,11 @@ def main() -> None:
                     for integral in integral_options:
                         fails.run(f"{fw.name} {dtype} {op} {shape} {mode} integral={integral}",
                                   run_case, fw, dtype, op, shape, mode, integral, fails)
+    everyone = WORLD.allgather(DIGESTS)
+    fails.check(all(d == DIGESTS for d in everyone),
+                "results differ between ranks: " + str(next(
+                    (a, b) for d in everyone for a, b in zip(d, DIGESTS, strict=False) if a != b)
+                    if any(d != DIGESTS for d in everyone) else ""))
     fails.finish()
 
 
