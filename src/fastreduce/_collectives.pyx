@@ -295,53 +295,84 @@ cdef int _staged_whole(BufferView* x, BufferView* result, const Reduction* red, 
     return 0
 
 
-cdef int _stage_in(Staging* ctx, BufferView* x, int64_t j, int64_t chunk,
+cdef int _stage_in(Staging* ctx, const char* src, int64_t j, int64_t chunk,
                    int64_t nbytes) except -1 nogil:
     """Queue the copy of chunk j to its ring slot on the context's device-to-host stream."""
     cdef int slot = j % STAGING_SLOTS
-    copy_async(ctx.host + slot * chunk, x.data + j * chunk, min(chunk, nbytes - j * chunk),
+    copy_async(ctx.host + slot * chunk, src + j * chunk, min(chunk, nbytes - j * chunk),
                MEMCPY_D2H, ctx.d2h_stream)
     return event_record(ctx.d2h[slot], ctx.d2h_stream)
 
 
-cdef int _staged_pipelined(BufferView* x, BufferView* result, const Reduction* red,
-                           MPI_Comm comm, int64_t nbytes, int64_t chunk) except -1:
-    """Chunks through a ring of STAGING_SLOTS pinned slots: while MPI reduces chunk i on the
-    host, chunk i+1.. are copied in on one stream and chunk i-1 copied out on another."""
-    cdef cudaStream_t stream = <cudaStream_t>x.stream
+# A pipelined staged reduction, in three parts so that a non-blocking call can queue the
+# first on the GPU, leave the second to the progress engine and do the third in wait():
+# chunks go through a ring of STAGING_SLOTS pinned slots; while MPI reduces chunk i on the
+# host, chunks i+1.. are copied in on one stream and chunk i-1 copied out on another.
+
+cdef int _pipeline_begin(Staging* ctx, cudaStream_t stream, const char* src, int64_t nbytes,
+                         int64_t chunk) except -1 nogil:
+    """Queue (on the GPU only; the host does not wait) the first copies in, after the work
+    queued on the producer's stream so far."""
+    cdef int64_t nslots = min(<int64_t>STAGING_SLOTS, (nbytes + chunk - 1) // chunk)
+    cdef int64_t j
+    event_record(ctx.start, stream)
+    stream_wait_event(ctx.d2h_stream, ctx.start)
+    staging_order(ctx, ctx.d2h_stream)  # the slots' last reader has finished
+    stream_wait_event(ctx.h2d_stream, ctx.start)
+    for j in range(nslots):
+        _stage_in(ctx, src, j, chunk, nbytes)
+    return 0
+
+
+cdef int _pipeline_run(Staging* ctx, const char* src, char* dst, int64_t nbytes,
+                       int64_t chunk, const Reduction* red, MPI_Comm comm,
+                       int64_t* reduced) except -1:
+    """Reduce chunk after chunk as it arrives; queue each copy out. `reduced` counts the
+    chunks whose MPI call was made (for a caller that must make up the rest on failure)."""
     cdef int64_t nchunks = (nbytes + chunk - 1) // chunk
-    cdef int64_t nslots = min(<int64_t>STAGING_SLOTS, nchunks)
     cdef int64_t i, j, n
     cdef int slot
-    cdef int itemsize = red.itemsize
+    for i in range(nchunks):
+        slot = i % STAGING_SLOTS
+        n = min(chunk, nbytes - i * chunk)
+        with nogil:
+            event_sync(ctx.d2h[slot])
+        reduced[0] = i + 1
+        _run(MPI_IN_PLACE, ctx.host + slot * chunk, n // red.itemsize, red, comm)
+        with nogil:
+            copy_async(dst + i * chunk, ctx.host + slot * chunk, n, MEMCPY_H2D, ctx.h2d_stream)
+            event_record(ctx.h2d[slot], ctx.h2d_stream)
+            j = i + STAGING_SLOTS
+            if j < nchunks:  # refill the slot once its copy out is done
+                stream_wait_event(ctx.d2h_stream, ctx.h2d[slot])
+                _stage_in(ctx, src, j, chunk, nbytes)
+    with nogil:
+        staging_release(ctx, ctx.h2d_stream)
+    return 0
+
+
+cdef int _pipeline_end(Staging* ctx, cudaStream_t stream, bint own_stream) except -1 nogil:
+    """Order later work on the producer's stream after the copies out (and, for a stream of
+    fastreduce's own, wait for them on the host)."""
+    stream_wait_event(stream, ctx.done)
+    if own_stream:
+        event_sync(ctx.done)
+    return 0
+
+
+cdef int _staged_pipelined(BufferView* x, BufferView* result, const Reduction* red,
+                           MPI_Comm comm, int64_t nbytes, int64_t chunk) except -1:
+    """A blocking pipelined staged reduction of x into result."""
+    cdef cudaStream_t stream = <cudaStream_t>x.stream
+    cdef int64_t nslots = min(<int64_t>STAGING_SLOTS, (nbytes + chunk - 1) // chunk)
+    cdef int64_t reduced = 0
     cdef Staging* ctx = staging_take(x.device_id, nslots * chunk)
     try:
         with nogil:
-            event_record(ctx.start, stream)  # after the producer's queued work
-            stream_wait_event(ctx.d2h_stream, ctx.start)
-            staging_order(ctx, ctx.d2h_stream)  # the slots' last reader has finished
-            stream_wait_event(ctx.h2d_stream, ctx.start)
-            for j in range(nslots):
-                _stage_in(ctx, x, j, chunk, nbytes)
-        for i in range(nchunks):
-            slot = i % STAGING_SLOTS
-            n = min(chunk, nbytes - i * chunk)
-            with nogil:
-                event_sync(ctx.d2h[slot])
-            _run(MPI_IN_PLACE, ctx.host + slot * chunk, n // itemsize, red, comm)
-            with nogil:
-                copy_async(result.data + i * chunk, ctx.host + slot * chunk, n, MEMCPY_H2D,
-                           ctx.h2d_stream)
-                event_record(ctx.h2d[slot], ctx.h2d_stream)
-                j = i + STAGING_SLOTS
-                if j < nchunks:  # refill the slot once its copy out is done
-                    stream_wait_event(ctx.d2h_stream, ctx.h2d[slot])
-                    _stage_in(ctx, x, j, chunk, nbytes)
+            _pipeline_begin(ctx, stream, x.data, nbytes, chunk)
+        _pipeline_run(ctx, x.data, result.data, nbytes, chunk, red, comm, &reduced)
         with nogil:
-            staging_release(ctx, ctx.h2d_stream)
-            stream_wait_event(stream, ctx.done)  # later work on the producer's stream
-            if x.own_stream:
-                event_sync(ctx.done)
+            _pipeline_end(ctx, stream, x.own_stream)
     except BaseException:
         _drain(ctx, stream)
         raise

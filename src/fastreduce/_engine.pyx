@@ -1,0 +1,154 @@
+"""The progress engine: one thread per process that carries out non-blocking work.
+
+A non-blocking GPU all-reduce must not make the caller wait for the GPU or for MPI, and
+MPI's own non-blocking collectives advance only inside later MPI calls. So starting such a
+request queues a Job (after queueing its first copies on the GPU), and this thread runs the
+jobs one at a time, in the order they were submitted, with the GIL released around every
+MPI call and GPU wait. The jobs of a communicator make their MPI calls on a duplicate of it
+(made once, collectively, at its first job), so they never interleave with the caller's own
+collectives; submitting in the same order on every rank makes every rank's engine issue the
+same collectives in the same order.
+
+It needs MPI_THREAD_MULTIPLE (mpi4py asks for it by default). With less, or with
+FASTREDUCE_ENGINE=0, non-blocking calls keep to MPI's non-blocking collectives
+(enabled() is False). At interpreter exit the queue is drained before MPI is finalized.
+
+A Job reports completion to whoever waits (wait_for) and to its callbacks: the hook a
+torch.distributed work object, or any other future, can complete from.
+"""
+
+import atexit
+import collections
+import os
+import threading
+
+
+cdef class Job:
+    """A unit of work for the engine; subclasses implement execute() (and cleanup())."""
+
+    def __cinit__(self):
+        self.error = None
+        self.done = False
+        self.orphaned = False
+        self.callbacks = []
+
+    cdef int execute(self) except -1:
+        raise NotImplementedError
+
+    cdef int cleanup(self) except -1:
+        """After execute(), for a job whose request was dropped: release what it holds."""
+        return 0
+
+    def add_done_callback(self, fn) -> None:
+        """Call fn(job) once the job is done (at once if it is), from the engine's thread."""
+        with _cond:
+            if not self.done:
+                self.callbacks.append(fn)
+                return
+        fn(self)
+
+
+_queue = collections.deque()
+_cond = threading.Condition()
+_thread = None
+_state = None  # (enabled, why), decided once
+
+
+def state() -> tuple:
+    """(whether non-blocking GPU calls go through the engine, why)."""
+    global _state
+    if _state is None:
+        from mpi4py import MPI
+
+        setting = os.environ.get("FASTREDUCE_ENGINE", "").strip()
+        if setting not in ("", "0", "1"):
+            raise ValueError(f"FASTREDUCE_ENGINE={setting!r}: use 0 or 1")
+        if setting == "0":
+            _state = (False, "off (FASTREDUCE_ENGINE=0)")
+        elif MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            _state = (False, "off: the MPI gives less than MPI_THREAD_MULTIPLE; non-blocking "
+                             "GPU calls use MPI's non-blocking collectives")
+        else:
+            _state = (True, "on (MPI_THREAD_MULTIPLE)")
+    return _state
+
+
+def set_enabled(value) -> None:
+    """Route non-blocking GPU calls through the engine (True), not (False), or as the
+    environment and the MPI's thread level say (None). Requests already started keep
+    their way."""
+    global _state
+    if value is None:
+        _state = None
+    elif value and state()[1].startswith("off: the MPI"):
+        raise ValueError(f"fastreduce: the progress engine cannot run here: {state()[1]}")
+    else:
+        _state = (bool(value), "on (set_enabled)" if value else "off (set_enabled)")
+
+
+cdef bint enabled() except -1:
+    return state()[0]
+
+
+def _loop() -> None:
+    cdef Job job
+    while True:
+        with _cond:
+            while not _queue:
+                _cond.wait()
+            job = _queue.popleft()
+        if job is None:  # stop()
+            return
+        try:
+            job.execute()
+        except BaseException as exc:  # noqa: BLE001  (reported by the request's wait())
+            job.error = exc
+        with _cond:
+            job.done = True
+            callbacks, job.callbacks = job.callbacks, []
+            _cond.notify_all()
+        if job.orphaned:
+            try:
+                job.cleanup()
+            except BaseException:  # noqa: BLE001  (nobody is left to report it to)
+                pass
+        for fn in callbacks:
+            try:
+                fn(job)
+            except BaseException:  # noqa: BLE001
+                pass
+
+
+cdef int submit(Job job) except -1:
+    """Queue a job; the engine thread starts at the first."""
+    global _thread
+    with _cond:
+        if _thread is None:
+            _thread = threading.Thread(target=_loop, name="fastreduce-engine", daemon=True)
+            _thread.start()
+        _queue.append(job)
+        _cond.notify_all()
+    return 0
+
+
+cdef int wait_for(Job job) except -1:
+    """Block (GIL released) until the job is done."""
+    with _cond:
+        while not job.done:
+            _cond.wait()
+    return 0
+
+
+def stop() -> None:
+    """Let the queued jobs finish, then end the thread (at interpreter exit)."""
+    global _thread
+    with _cond:
+        thread, _thread = _thread, None
+        if thread is None:
+            return
+        _queue.append(None)
+        _cond.notify_all()
+    thread.join()
+
+
+atexit.register(stop)
