@@ -9,8 +9,8 @@ The GIL is released around every MPI call that can wait for other ranks.
 from mpi4py cimport MPI
 
 from libc.limits cimport INT_MAX
-from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
 from ._buffer cimport BufferView, acquire, check_same_layout, device_name, new_like
@@ -21,6 +21,7 @@ from ._cuda cimport (
 )
 from ._dlpack cimport kDLCUDA, kDLCUDAManaged
 from ._dtypes cimport KIND_FLOAT32, NKINDS
+from ._engine cimport Job, enabled, submit, wait_for
 from ._errors cimport CHKERR
 from ._gpupath cimport PATH_DIRECT, PATH_STAGED, choose_path
 from ._libmpi cimport *
@@ -412,6 +413,7 @@ cdef class Request:
     cdef char* device_dst     # ... and where its result goes on the device
     cdef cudaStream_t stream
     cdef bint own_stream
+    cdef _StagedJob job       # the progress engine's job, for staged GPU requests
     cdef object __weakref__
 
     def __cinit__(self):
@@ -421,6 +423,15 @@ cdef class Request:
         self.staging = NULL
 
     def __dealloc__(self):
+        if self.pending and self.job is not None:
+            if self.job.done:  # finished: order the stream and release, quietly
+                try:
+                    self.job.cleanup()
+                except BaseException:  # noqa: BLE001  (nowhere to report it from here)
+                    pass
+            else:  # the engine releases it when done; its tensors stay alive until then
+                self.job.orphaned = True
+            return
         if self.pending and self.handles != NULL:
             if self.comm is not None and (<MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
                 # Its communicator was freed under it: some MPIs crash in a wait now.
@@ -491,10 +502,26 @@ cdef class Request:
             raise
         return 0
 
+    cdef int _finish_job(self) except -1:
+        """The engine has run the job: order the caller's stream after its copies out."""
+        self.pending = False
+        _pending.discard(self)
+        cdef _StagedJob job = self.job
+        error = job.error
+        if error is None:
+            job.cleanup()
+        else:
+            job.drain_and_release()
+            raise error
+        return 0
+
     def wait(self):
         """Block until the reduction is done (GIL released) and return the result tensor."""
         cdef int ierr
-        if self.pending:
+        if self.pending and self.job is not None:
+            wait_for(self.job)
+            self._finish_job()
+        elif self.pending:
             self._check_comm()
             with nogil:
                 ierr = MPI_Waitall(self.nhandles, self.handles, MPI_STATUSES_IGNORE)
@@ -506,6 +533,11 @@ cdef class Request:
         cdef int flag = 0
         cdef int ierr
         if not self.pending:
+            return True
+        if self.job is not None:
+            if not self.job.done:
+                return False
+            self._finish_job()
             return True
         self._check_comm()
         ierr = MPI_Testall(self.nhandles, self.handles, &flag, MPI_STATUSES_IGNORE)
@@ -616,6 +648,8 @@ cdef Request _device_start(BufferView* x, BufferView* result, const void* sendbu
     cdef cudaStream_t stream = <cudaStream_t>x.stream
     cdef size_t nbytes = x.count * red.itemsize
     _wait_out_producer(x, result)
+    if nbytes and enabled():
+        return _engine_start(x, result, red, comm, out, keep)
     cdef Staging* ctx = staging_take(x.device_id, nbytes)
     cdef Request req
     try:
@@ -635,6 +669,156 @@ cdef Request _device_start(BufferView* x, BufferView* result, const void* sendbu
     return req
 
 
+# --- the progress engine's staged requests --------------------------------------------
+
+cdef class _StagedJob(Job):
+    """A non-blocking staged GPU reduction: the engine copies its chunks in, reduces them
+    on a duplicate of the communicator and queues the copies out; wait() does the rest."""
+
+    cdef Staging* ctx
+    cdef const char* src
+    cdef char* dst
+    cdef int64_t nbytes
+    cdef int64_t chunk
+    cdef const Reduction* red
+    cdef object dup           # the communicator's duplicate the engine reduces on
+    cdef object keep          # tensors and export capsules, alive until the job is released
+    cdef cudaStream_t stream  # the producer's stream
+    cdef bint own_stream
+
+    def __cinit__(self):
+        self.ctx = NULL
+
+    cdef int execute(self) except -1:
+        cdef MPI_Comm handle = <MPI_Comm>(<MPI.Comm>self.dup).ob_mpi
+        cdef int64_t reduced = 0
+        cdef int32_t failed = 0
+        error = None
+        try:
+            _pipeline_run(self.ctx, self.src, self.dst, self.nbytes, self.chunk, self.red,
+                          handle, &reduced)
+        except BaseException as exc:  # noqa: BLE001  (raised from wait() below)
+            error, failed = exc, 1
+            self._make_up(handle, reduced)
+        # every rank learns whether any rank failed, so that none takes a partial result
+        CHKERR(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT32_T, MPI_MAX, handle))
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError("fastreduce: a non-blocking all-reduce failed on another rank "
+                               "of the communicator (its wait() says why); this result is not "
+                               "valid")
+        return 0
+
+    cdef int _make_up(self, MPI_Comm handle, int64_t reduced) except -1:
+        """After a failure: make the MPI calls of the chunks not reduced yet on zeroed host
+        memory, so that the other ranks' engines are not left waiting."""
+        cdef int64_t nchunks = (self.nbytes + self.chunk - 1) // self.chunk
+        cdef int64_t k, n
+        cdef char* scratch = <char*>calloc(1, self.chunk)
+        if scratch == NULL:
+            raise MemoryError("fastreduce: out of memory")
+        try:
+            for k in range(reduced, nchunks):
+                n = min(self.chunk, self.nbytes - k * self.chunk)
+                try:
+                    _run(MPI_IN_PLACE, scratch, n // self.red.itemsize, self.red, handle)
+                except BaseException:  # noqa: BLE001  (the first error is the one reported)
+                    pass
+        finally:
+            free(scratch)
+        return 0
+
+    cdef int cleanup(self) except -1:
+        """Done: order the producer's stream after the copies out, release the memory."""
+        if self.ctx == NULL:
+            return 0
+        try:
+            if self.error is None:
+                with nogil:
+                    _pipeline_end(self.ctx, self.stream, self.own_stream)
+            else:
+                _drain(self.ctx, self.stream)
+        finally:
+            self._release()
+        return 0
+
+    cdef int drain_and_release(self) except -1:
+        if self.ctx != NULL:
+            _drain(self.ctx, self.stream)
+            self._release()
+        return 0
+
+    cdef void _release(self) noexcept:
+        staging_give(self.ctx)
+        self.ctx = NULL
+        self.keep = None
+
+
+cdef class _FreeComm(Job):
+    """Free a duplicate communicator once the jobs queued before on it are done."""
+
+    cdef object comm
+
+    cdef int execute(self) except -1:
+        self.comm.Free()
+        return 0
+
+
+_dup_keyval = None
+
+
+def _free_duplicate(comm, keyval, dup) -> None:
+    """The communicator is being freed: free the engine's duplicate after its queued jobs."""
+    cdef _FreeComm job = _FreeComm.__new__(_FreeComm)
+    job.comm = dup
+    job.orphaned = True  # nobody waits for it
+    submit(job)
+
+
+cdef object _engine_comm(object comm):
+    """The engine's duplicate of comm (made at its first engine request: collective)."""
+    global _dup_keyval
+    if comm is None:
+        comm = default_comm()
+    if _dup_keyval is None:
+        _dup_keyval = _MPI.Comm.Create_keyval(delete_fn=_free_duplicate)
+    dup = comm.Get_attr(_dup_keyval)
+    if dup is None:
+        dup = comm.Dup()
+        dup.Set_errhandler(_MPI.ERRORS_RETURN)
+        comm.Set_attr(_dup_keyval, dup)
+    return dup
+
+
+cdef Request _engine_start(BufferView* x, BufferView* result, const Reduction* red,
+                           object comm, object out, object keep):
+    """Start a staged request on the progress engine: queue the first copies in on the GPU
+    (the host does not wait) and the rest of the job on the engine."""
+    cdef cudaStream_t stream = <cudaStream_t>x.stream
+    cdef int64_t nbytes = x.count * red.itemsize
+    cdef int64_t chunk = chunk_bytes(nbytes)
+    cdef int64_t nslots = min(<int64_t>STAGING_SLOTS, (nbytes + chunk - 1) // chunk)
+    dup = _engine_comm(comm)
+    cdef Staging* ctx = staging_take(x.device_id, nslots * chunk)
+    try:
+        with nogil:
+            _pipeline_begin(ctx, stream, x.data, nbytes, chunk)
+    except BaseException:
+        _drain(ctx, stream)
+        staging_give(ctx)
+        raise
+    cdef _StagedJob job = _StagedJob.__new__(_StagedJob)
+    job.ctx, job.src, job.dst, job.nbytes, job.chunk = ctx, x.data, result.data, nbytes, chunk
+    job.red, job.dup, job.keep = red, dup, keep
+    job.stream, job.own_stream = stream, x.own_stream
+    cdef Request req = Request.__new__(Request)
+    req.job, req.result, req.keep, req.pending = job, out, keep, True
+    _pending.add(req)
+    submit(job)
+    return req
+
+
 def wait_all(requests) -> list:
     """Wait for every request (one MPI_Waitall, GIL released); returns their results in order."""
     requests = list(requests)
@@ -645,7 +829,7 @@ def wait_all(requests) -> list:
             raise TypeError(f"fastreduce: wait_all takes fastreduce Requests, not "
                             f"{type(obj).__qualname__}")
         req = <Request>obj
-        if req.pending:
+        if req.pending and req.job is None:
             req._check_comm()
             total += req.nhandles
     cdef MPI_Request* handles = <MPI_Request*>malloc(max(total, 1) * sizeof(MPI_Request))
@@ -656,7 +840,7 @@ def wait_all(requests) -> list:
     try:
         for obj in requests:
             req = <Request>obj
-            if req.pending:
+            if req.pending and req.job is None:
                 for i in range(req.nhandles):
                     handles[at + i] = req.handles[i]
                 at += req.nhandles
@@ -665,13 +849,16 @@ def wait_all(requests) -> list:
         at = 0
         for obj in requests:
             req = <Request>obj
-            if req.pending:
+            if req.pending and req.job is None:
                 for i in range(req.nhandles):  # completed handles are now MPI_REQUEST_NULL
                     req.handles[i] = handles[at + i]
                 at += req.nhandles
                 req._finish(ierr)
     finally:
         free(handles)
+    for obj in requests:  # the progress engine's requests
+        if (<Request>obj).pending:
+            obj.wait()
     return [(<Request>obj).result for obj in requests]
 
 

@@ -51,6 +51,7 @@ cdef class Job:
 _queue = collections.deque()
 _cond = threading.Condition()
 _thread = None
+_unfinished = 0  # jobs submitted and not done
 _state = None  # (enabled, why), decided once
 
 
@@ -90,23 +91,44 @@ cdef bint enabled() except -1:
     return state()[0]
 
 
+def _next():
+    """The next queued job (blocking), or None: stop."""
+    _cond.acquire()
+    try:
+        while not _queue:
+            _cond.wait()
+        return _queue.popleft()
+    finally:
+        _cond.release()
+
+
+def _complete(Job job) -> list:
+    """Mark the job done, wake its waiters; returns its callbacks."""
+    global _unfinished
+    callbacks = job.callbacks
+    _cond.acquire()
+    try:
+        _unfinished -= 1
+        job.done = True
+        job.callbacks = []
+        _cond.notify_all()
+    finally:
+        _cond.release()
+    return callbacks
+
+
 def _loop() -> None:
     cdef Job job
     while True:
-        with _cond:
-            while not _queue:
-                _cond.wait()
-            job = _queue.popleft()
-        if job is None:  # stop()
+        item = _next()
+        if item is None:  # stop()
             return
+        job = <Job>item
         try:
             job.execute()
         except BaseException as exc:  # noqa: BLE001  (reported by the request's wait())
             job.error = exc
-        with _cond:
-            job.done = True
-            callbacks, job.callbacks = job.callbacks, []
-            _cond.notify_all()
+        callbacks = _complete(job)
         if job.orphaned:
             try:
                 job.cleanup()
@@ -121,8 +143,9 @@ def _loop() -> None:
 
 cdef int submit(Job job) except -1:
     """Queue a job; the engine thread starts at the first."""
-    global _thread
+    global _thread, _unfinished
     with _cond:
+        _unfinished += 1
         if _thread is None:
             _thread = threading.Thread(target=_loop, name="fastreduce-engine", daemon=True)
             _thread.start()
@@ -139,15 +162,26 @@ cdef int wait_for(Job job) except -1:
     return 0
 
 
+def wait_idle() -> None:
+    """Block until every job submitted so far is done (dropped requests included)."""
+    with _cond:
+        while _unfinished:
+            _cond.wait()
+
+
 def stop() -> None:
     """Let the queued jobs finish, then end the thread (at interpreter exit)."""
     global _thread
-    with _cond:
-        thread, _thread = _thread, None
-        if thread is None:
-            return
+    thread = _thread
+    if thread is None:
+        return
+    _cond.acquire()
+    try:
+        _thread = None
         _queue.append(None)
         _cond.notify_all()
+    finally:
+        _cond.release()
     thread.join()
 
 
