@@ -99,7 +99,7 @@ def test_info_prints_every_field(nprocs):
     for field in ("fastreduce", "mpi4py", "torch", "built against", "running on",
                   "linked libmpi", "MPI standard", "thread level", "large counts", "segments",
                   "16-bit floats", "CUDA-aware", "CUDA runtime", "GPU path", "device pointers",
-                  "GPU size table", "torch buffers", "size", "ranks"):
+                  "GPU size table", "progress engine", "torch buffers", "size", "ranks"):
         assert re.search(rf"^ *{re.escape(field)} : \S", out, re.M), (field, out)
     assert len(re.findall(r"\d+@\S+ \(local \d+/\d+\)", out)) == nprocs, out
     assert f"local {nprocs - 1}/{nprocs}" in out

@@ -414,6 +414,7 @@ cdef class Request:
     cdef cudaStream_t stream
     cdef bint own_stream
     cdef _StagedJob job       # the progress engine's job, for staged GPU requests
+    cdef list callbacks       # add_done_callback's, for requests MPI completes
     cdef object __weakref__
 
     def __cinit__(self):
@@ -470,6 +471,9 @@ cdef class Request:
     cdef int _finish(self, int ierr) except -1:
         self.pending = False
         _pending.discard(self)
+        callbacks, self.callbacks = self.callbacks, None
+        for fn in callbacks or ():
+            fn(self)
         cdef int size = 1
         try:
             CHKERR(ierr)
@@ -545,6 +549,19 @@ cdef class Request:
             self._finish(ierr)
             return True
         return False
+
+    def add_done_callback(self, fn) -> None:
+        """Call fn(request) once the reduction is done: at once if it is; for a request of
+        the progress engine from its thread when it finishes (wait() then returns at once),
+        for others from the wait() or test() that sees it complete."""
+        if not self.pending:
+            fn(self)
+        elif self.job is not None:
+            self.job.add_done_callback(lambda job: fn(self))
+        else:
+            if self.callbacks is None:
+                self.callbacks = []
+            self.callbacks.append(fn)
 
     @property
     def done(self) -> bool:

@@ -355,7 +355,10 @@ def _agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
         mode, _ = gpu_path_mode()
         support = device_pointer_support()
         pinned = pinned_thresholds() if mode == "auto" else None
-        mine = (mode, support.calls(), pinned.spec() if pinned else "calibrated")
+        from . import _engine
+
+        engine = "engine" if _engine.state()[0] else "no engine"
+        mine = (mode, support.calls(), pinned.spec() if pinned else "calibrated", engine)
         error = None
     except ValueError as exc:
         mine, error = None, str(exc)
@@ -372,12 +375,12 @@ def _agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
             by_setting.setdefault(m, []).append(rank)
         said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r[:8]))}"
                          f"{'...' if len(r) > 8 else ''}: mode {m[0]}, device pointers "
-                         f"{m[1]}, size table {m[2]}" for m, r in by_setting.items())
+                         f"{m[1]}, size table {m[2]}, {m[3]}" for m, r in by_setting.items())
         raise ValueError(
             f"fastreduce: the ranks of this communicator disagree on the GPU path settings, "
             f"which decide the MPI calls each one makes ({said}); give every rank the same "
-            f"FASTREDUCE_GPU_PATH, FASTREDUCE_GPU_THRESHOLDS(_FILE), FASTREDUCE_DEVICE_POINTERS "
-            f"and FASTREDUCE_CUDA_AWARE (and the same set_* calls)")
+            f"FASTREDUCE_GPU_PATH, FASTREDUCE_GPU_THRESHOLDS(_FILE), FASTREDUCE_DEVICE_POINTERS, "
+            f"FASTREDUCE_CUDA_AWARE and FASTREDUCE_ENGINE (and the same set_* calls)")
     if mode != "auto" or not (support.blocking or support.nonblocking):
         steps = ((0, "staged"),)  # not consulted: the mode or the MPI decides
     elif pinned is not None:

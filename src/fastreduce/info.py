@@ -62,6 +62,7 @@ def collect() -> dict:
         "GPU path": paths["mode"],
         "device pointers": paths["device pointers"],
         "GPU size table": paths["size table"],
+        "progress engine": _engine_state(),
         "torch buffers": exchange_text,
         "rank": world.Get_rank(),
         "size": world.Get_size(),
@@ -69,6 +70,15 @@ def collect() -> dict:
         "local size": runtime.local_size(),
         "host": MPI.Get_processor_name(),
     }
+
+
+def _engine_state() -> str:
+    from fastreduce import _engine
+
+    try:
+        return _engine.state()[1] + " (runs non-blocking staged GPU requests)"
+    except ValueError as exc:
+        return str(exc)
 
 
 def _segments(nbytes: int) -> str:

@@ -54,6 +54,7 @@ enum {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
 };
@@ -85,6 +86,7 @@ static struct fakecuda_counters g_count;                 /* guarded by g_lock */
 static uint64_t g_pending;         /* operations enqueued and not yet completed, all streams */
 static _Thread_local int t_device; /* cudaSetDevice is per host thread */
 static _Thread_local int t_last_error;
+static int g_fail_event_syncs; /* injected faults still to come; guarded by g_lock */
 
 /* Record err as the thread's last error (when it is one) and return it. */
 static int fail(int err)
@@ -460,6 +462,7 @@ EXPORT const char *cudaGetErrorString(int err)
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     default: return "unrecognized error code";
@@ -727,6 +730,11 @@ EXPORT int cudaEventSynchronize(void *event)
         return fail(cudaErrorInvalidResourceHandle);
     }
     g_count.event_syncs++;
+    if (g_fail_event_syncs > 0) { /* an injected fault (fakecuda_fail_event_syncs) */
+        g_fail_event_syncs--;
+        pthread_mutex_unlock(&g_lock);
+        return fail(cudaErrorIllegalAddress);
+    }
     struct marker *m = e->m;
     if (m) {
         m->refs++; /* the event may be re-recorded or destroyed while we wait */
@@ -871,6 +879,14 @@ EXPORT int cudaStreamIsCapturing(void *stream, int *status)
 }
 
 /* ---------------------------------------------------------------- test helpers (not CUDA) */
+
+/* Make the next n cudaEventSynchronize calls (any thread) fail with cudaErrorIllegalAddress. */
+EXPORT void fakecuda_fail_event_syncs(int n)
+{
+    pthread_mutex_lock(&g_lock);
+    g_fail_event_syncs = n;
+    pthread_mutex_unlock(&g_lock);
+}
 
 /* What a pointer points into: 1 device memory (cudaMalloc), 2 pinned host memory
  * (cudaHostAlloc), 0 anything else. For a fake MPI that records what it is handed. */

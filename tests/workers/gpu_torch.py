@@ -157,7 +157,7 @@ def cpu_path(x_cpu: torch.Tensor, op: str, blocking: bool) -> torch.Tensor:
     message size, so these are the CPU calls whose result the GPU must equal bit for bit.
     """
     y = x_cpu.clone()
-    if not blocking:
+    if not blocking and not fastreduce._engine.state()[0]:  # one MPI_Iallreduce
         return fastreduce.iallreduce_(y, op).wait()
     chunk, nchunks = frcuda.plan_staging(y.numel() * y.element_size())
     if nchunks <= 1:
@@ -247,10 +247,12 @@ def call(form: str, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
 
 
 def expected_chunks(nbytes: int, blocking: bool) -> int:
-    """Copies each way of a staged call: plan_staging's chunks (non-blocking: one)."""
+    """Copies each way of a staged call: plan_staging's chunks (non-blocking without the
+    progress engine: one)."""
     if nbytes == 0:
         return 0
-    return frcuda.plan_staging(nbytes)[1] if blocking else 1
+    pipelined = blocking or fastreduce._engine.state()[0]
+    return frcuda.plan_staging(nbytes)[1] if pipelined else 1
 
 
 def host_waits(counts: dict) -> int:
