@@ -14,6 +14,9 @@ ratio is taken within a run (median over runs):
   overlap       a matmul loop and an iallreduce_ of 16 MiB, back to back against
                 started together (with and without test() calls between the
                 compute chunks, the progress GradientSync's hooks provide)
+
+"engine" variants run the host requests on fastreduce's progress engine (a thread that
+makes blocking, segmented MPI calls), as FASTREDUCE_ENGINE_HOST=1 does.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import fastreduce
+from fastreduce import _engine
 from fastreduce._abi import first_line
 from fastreduce.bench import _init_gloo
 
@@ -114,6 +118,15 @@ def main() -> int:
             opt.step()
 
         variants[name] = step
+        if name == "GradientSync" and _engine.state()[0]:
+            def engine_step(step=step):
+                _engine.set_host(True)
+                try:
+                    step()
+                finally:
+                    _engine.set_host(False)
+
+            variants["GradientSync engine"] = engine_step
     samples = {name: [] for name in [*variants, "C floor allreduce"]}
     for _ in range(args.repeat):
         for name, step in variants.items():
@@ -153,18 +166,26 @@ def main() -> int:
         compute(poke=req if poke_progress else None)
         req.wait()
 
+    def overlapped_engine():
+        _engine.set_host(True)
+        try:
+            overlapped(False)
+        finally:
+            _engine.set_host(False)
+
     over = {"compute": [], "allreduce": [], "back to back": [], "overlapped": [],
-            "overlapped + test()": []}
+            "overlapped + test()": [], "overlapped engine": []}
     for _ in range(args.repeat):
         over["compute"].append(timed(comm, compute, 5))
         over["allreduce"].append(timed(comm, lambda: fastreduce.allreduce_(buf), 5))
         over["back to back"].append(timed(comm, back_to_back, 5))
         over["overlapped"].append(timed(comm, lambda: overlapped(False), 5))
         over["overlapped + test()"].append(timed(comm, lambda: overlapped(True), 5))
+        over["overlapped engine"].append(timed(comm, overlapped_engine, 5))
     results["overlap_ms"] = {k: statistics.median(v) * 1e3 for k, v in over.items()}
     results["overlap"] = {
         k: statistics.median(o / b for o, b in zip(over[k], over["back to back"], strict=True))
-        for k in ("overlapped", "overlapped + test()")}
+        for k in ("overlapped", "overlapped + test()", "overlapped engine")}
 
     if rank == 0:
         print(f"# fastreduce {fastreduce.__version__} gradient-sync benchmark: {p} ranks, "

@@ -21,7 +21,7 @@ from ._cuda cimport (
 )
 from ._dlpack cimport kDLCUDA, kDLCUDAManaged
 from ._dtypes cimport KIND_FLOAT32, NKINDS
-from ._engine cimport Job, enabled, submit, wait_for
+from ._engine cimport Job, enabled, host_enabled, submit, wait_for
 from ._errors cimport CHKERR
 from ._gpupath cimport PATH_DIRECT, PATH_STAGED, choose_path
 from ._libmpi cimport *
@@ -413,7 +413,7 @@ cdef class Request:
     cdef char* device_dst     # ... and where its result goes on the device
     cdef cudaStream_t stream
     cdef bint own_stream
-    cdef _StagedJob job       # the progress engine's job, for staged GPU requests
+    cdef Job job              # the progress engine's job, if it runs this request
     cdef list callbacks       # add_done_callback's, for requests MPI completes
     cdef object __weakref__
 
@@ -510,12 +510,10 @@ cdef class Request:
         """The engine has run the job: order the caller's stream after its copies out."""
         self.pending = False
         _pending.discard(self)
-        cdef _StagedJob job = self.job
-        error = job.error
-        if error is None:
-            job.cleanup()
-        else:
-            job.drain_and_release()
+        error = self.job.error
+        self.job.cleanup()
+        self.keep = None
+        if error is not None:
             raise error
         return 0
 
@@ -628,6 +626,9 @@ def iallreduce_(x, op="sum", *, comm=None):
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
     if view.on_device:
         return _device_start(&view, &view, MPI_IN_PLACE, red, handle, comm, x, (x, owner))
+    if host_enabled():
+        return _engine_host_start(MPI_IN_PLACE, view.data, view.count, red, comm, x,
+                                  (x, owner))
     return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
                   default_comm() if comm is None else comm, x, (x, owner))
 
@@ -643,6 +644,9 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     if view.on_device:
         return _device_start(&view, &result, sendbuf, red, handle, comm, out,
                              (x, owner, out))
+    if host_enabled():
+        return _engine_host_start(sendbuf, result.data, view.count, red, comm, out,
+                                  (x, owner, out))
     return _start(sendbuf, result.data, view.count, red, handle,
                   default_comm() if comm is None else comm, out, (x, owner, out))
 
@@ -760,16 +764,42 @@ cdef class _StagedJob(Job):
             self._release()
         return 0
 
-    cdef int drain_and_release(self) except -1:
-        if self.ctx != NULL:
-            _drain(self.ctx, self.stream)
-            self._release()
-        return 0
-
     cdef void _release(self) noexcept:
         staging_give(self.ctx)
         self.ctx = NULL
         self.keep = None
+
+
+cdef class _HostJob(Job):
+    """A non-blocking host all-reduce run by the progress engine: blocking (segmented)
+    MPI calls on a duplicate of the communicator, off the caller's thread."""
+
+    cdef const void* sendbuf
+    cdef char* recvbuf
+    cdef int64_t count
+    cdef const Reduction* red
+    cdef object dup
+    cdef object keep
+
+    cdef int execute(self) except -1:
+        return _run(self.sendbuf, self.recvbuf, self.count, self.red,
+                    <MPI_Comm>(<MPI.Comm>self.dup).ob_mpi)
+
+    cdef int cleanup(self) except -1:
+        self.keep = None
+        return 0
+
+
+cdef Request _engine_host_start(const void* sendbuf, char* recvbuf, int64_t count,
+                                const Reduction* red, object comm, object out, object keep):
+    cdef _HostJob job = _HostJob.__new__(_HostJob)
+    job.sendbuf, job.recvbuf, job.count, job.red = sendbuf, recvbuf, count, red
+    job.dup, job.keep = _engine_comm(comm), keep
+    cdef Request req = Request.__new__(Request)
+    req.job, req.result, req.keep, req.pending = job, out, keep, True
+    _pending.add(req)
+    submit(job)
+    return req
 
 
 cdef class _FreeComm(Job):

@@ -13,3 +13,4 @@ cdef class Job:
 cdef int submit(Job job) except -1
 cdef int wait_for(Job job) except -1
 cdef bint enabled() except -1
+cdef bint host_enabled() except -1

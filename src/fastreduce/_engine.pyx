@@ -91,6 +91,23 @@ cdef bint enabled() except -1:
     return state()[0]
 
 
+_host = None  # whether host requests go through the engine too; None: not decided yet
+
+
+def set_host(value) -> None:
+    """Route non-blocking host requests through the engine too (True) or not (False);
+    None: as FASTREDUCE_ENGINE_HOST says (default off)."""
+    global _host
+    _host = None if value is None else bool(value)
+
+
+cdef bint host_enabled() except -1:
+    global _host
+    if _host is None:
+        _host = os.environ.get("FASTREDUCE_ENGINE_HOST", "").strip() == "1"
+    return _host and state()[0]
+
+
 def _next():
     """The next queued job (blocking), or None: stop."""
     _cond.acquire()
