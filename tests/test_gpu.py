@@ -82,3 +82,17 @@ def test_bench_times_every_gpu_path_mode():
     rows = [line.split() for line in out.splitlines() if re.match(r"^ +\d+ +\d+ ", line)]
     assert len(rows) == 6 and all(r[9] == "0" for r in rows), out
     assert all(r[10] in ("direct", "staged") and r[14] == "staged" for r in rows), out
+
+
+def test_train_step_bench_on_the_gpu():
+    """bench/train_step_bench.py --device cuda on a small model: every variant runs."""
+    require_cuda()
+    import sys
+    from pathlib import Path
+
+    from mpirun import run_mpi
+
+    script = str(Path(__file__).resolve().parents[1] / "bench" / "train_step_bench.py")
+    rc, out = run_mpi(2, sys.executable, script, "--device", "cuda", "--width", "512",
+                      "--depth", "2", "--steps", "3", "--repeat", "1", timeout=TIMEOUT)
+    assert rc == 0 and "GradientSync / DDP gloo" in out, out

@@ -4,6 +4,7 @@ import csv
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from mpirun import run_mpi
@@ -158,3 +159,14 @@ def test_segment_setting(monkeypatch):
     monkeypatch.setenv("FASTREDUCE_SEGMENT_BYTES", "lots")
     rc, out = run_mpi(1, sys.executable, "-c", "import fastreduce")
     assert rc != 0 and "FASTREDUCE_SEGMENT_BYTES='lots'" in out, out
+
+
+def test_train_step_bench_cpu_sized():
+    """bench/train_step_bench.py in CI size: every variant timed, both ratios printed."""
+    script = str(Path(__file__).resolve().parents[1] / "bench" / "train_step_bench.py")
+    rc, out = run_mpi(2, sys.executable, script, "--width", "64", "--depth", "2", "--batch",
+                      "8", "--steps", "2", "--repeat", "1", timeout=300)
+    assert rc == 0, out
+    for name in ("no communication", "GradientSync", "coalesced", "DDP gloo", "allreduce alone"):
+        assert re.search(rf"^  {name} +[0-9.]+ ms$", out, re.M), (name, out)
+    assert re.search(r"GradientSync / DDP gloo: [0-9.]+", out), out
