@@ -8,7 +8,8 @@ import pytest
 from mpirun import launcher_env
 
 MODULES = ["fastreduce._errors", "fastreduce._buffer", "fastreduce._ops",
-           "fastreduce._cuda", "fastreduce._gpupath", "fastreduce._engine",
+           "fastreduce._cuda", "fastreduce._gpupath", "fastreduce._engine", "fastreduce._reduce",
+           "fastreduce._staged",
            "fastreduce._collectives"]
 
 

@@ -431,9 +431,9 @@ def _call_counts(nbytes: int, path: str) -> list[int]:
 
 def _measure(comm, ptr: int, nbytes: int, path: str, reps: int) -> list[float]:
     """Seconds of each of `reps` calls (replaced in tests by fake timings)."""
-    from . import _collectives
+    from . import _staged
 
-    return _collectives._time_device_path(comm, ptr, nbytes, path, reps)
+    return _staged._time_device_path(comm, ptr, nbytes, path, reps)
 
 
 def _catch_up(comm, counts: list[int], done: int) -> None:
@@ -465,7 +465,7 @@ def calibrate(comm=None, *, details: bool = False):
     where the slowest rank's median is lower. A failure on any rank (a CUDA or MPI error)
     raises the same CalibrationError on every rank.
     """
-    from . import _collectives, _cuda
+    from . import _collectives, _cuda, _reduce
 
     if comm is None:
         comm = _collectives.default_comm()
@@ -486,7 +486,7 @@ def calibrate(comm=None, *, details: bool = False):
             for path in PATHS:
                 reps = _reps(nbytes)
                 counts = _call_counts(nbytes, path) * reps
-                before = _collectives._mpi_call_count()
+                before = _reduce._mpi_call_count()
                 median = math.nan
                 if error is None:
                     try:
@@ -495,7 +495,7 @@ def calibrate(comm=None, *, details: bool = False):
                     except Exception as exc:  # noqa: BLE001
                         error = f"{type(exc).__name__}: {exc}"
                 try:
-                    _catch_up(comm, counts, _collectives._mpi_call_count() - before)
+                    _catch_up(comm, counts, _reduce._mpi_call_count() - before)
                 except Exception as exc:  # noqa: BLE001  (MPI is failing: report it below)
                     error = error or f"{type(exc).__name__}: {exc}"
                 medians.append(median)

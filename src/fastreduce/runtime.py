@@ -13,11 +13,11 @@ import os
 from mpi4py import MPI
 
 from . import _gpupath
-from ._collectives import segment_bytes, set_segment_bytes
 from ._cuda import copy_counts as gpu_copy_counts
 from ._cuda import plan_staging, set_staging_chunk
 from ._cuda import reset_copy_counts as reset_gpu_copy_counts
 from ._cuda import runtime_info as cuda_runtime_info
+from ._reduce import segment_bytes, set_segment_bytes
 from .gpupath import (
     CalibrationError,
     calibrate,

@@ -66,9 +66,12 @@ for n in (1000, 600_000):  # whole, and pipelined in chunks
     # (growing the pinned memory frees the old block, which waits for the whole device:
     # warm up first, as in a training loop's steady state)
     fastreduce.iallreduce_(FakeCudaArray.from_numpy(values_of(n, rank))).wait()
+    # (and free the last iteration's arrays now: cudaFree waits for the whole device)
+    req = g = result = None
+    gc.collect()
     stream = Stream()
     g = FakeCudaArray.from_numpy(np.zeros(n, np.float32), stream=stream)
-    g.write(values_of(n, rank), delay_us=300_000)  # the producer's kernel, still running
+    g.write(values_of(n, rank), delay_us=2_000_000)  # the producer's kernel, still running
     req = fastreduce.iallreduce_(g)
     check(not stream.query(), f"{n}: iallreduce_ waited on the host for the producer's stream")
     check(req.wait() is g and np.array_equal(g.to_numpy(), summed(n, range(size))),

@@ -1,0 +1,10 @@
+# All-reduce of host memory with MPI (see _reduce.pyx).
+
+from libc.stdint cimport int64_t
+
+from ._libmpi cimport MPI_Comm
+from ._ops cimport Reduction
+
+cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
+              MPI_Comm comm) except -1
+cdef int64_t count_limit() noexcept nogil

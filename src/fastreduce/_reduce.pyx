@@ -1,0 +1,131 @@
+"""All-reduce of host memory with MPI: one call, or one segment per call for large
+messages, or int-sized chunks (or one large-count call) past INT_MAX; then avg's division.
+
+Every blocking reduction fastreduce makes goes through _run: the host path, each staged GPU
+chunk, each dtype of a coalesced call, and the progress engine's jobs.
+"""
+
+from libc.limits cimport INT_MAX
+from libc.stdint cimport int64_t
+
+from ._errors cimport CHKERR
+from ._libmpi cimport *
+from ._ops cimport Reduction
+
+cdef extern from "_halfops.h" nogil:
+    void fr_divide(void* data, int64_t count, int kind, int divisor)
+
+cdef int64_t _count_limit = INT_MAX
+cdef int64_t _segment_bytes = 0  # set from FASTREDUCE_SEGMENT_BYTES at import (0: one call)
+
+
+cdef inline int64_t _step(int64_t count, const Reduction* red) noexcept nogil:
+    """Elements per MPI call: a segment (when segmentation applies) or the int count limit."""
+    cdef int64_t segment = max(_segment_bytes // red.itemsize, 1) if _segment_bytes else 0
+    if segment > 0 and count > segment and segment < _count_limit:
+        return segment
+    return _count_limit
+
+cdef extern from *:
+    """
+    /* MPI_Allreduce calls made by _run in this thread (the GPU path calibration counts its
+     * own; per thread, so that other threads' calls do not disturb the count) */
+    static __thread long long fr_thread_mpi_calls = 0;
+    """
+    long long fr_thread_mpi_calls
+
+
+cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
+              MPI_Comm comm) except -1:
+    """MPI_Allreduce of `count` elements, then avg: one call, or one per segment (large
+    messages; faster than one call), or per int-sized chunk / large-count past INT_MAX."""
+    global fr_thread_mpi_calls
+    cdef int ierr = MPI_SUCCESS
+    cdef int size = 1
+    cdef int64_t limit = _step(count, red)
+    cdef int64_t offset = 0
+    cdef int64_t n
+    cdef int64_t stride = red.itemsize
+    with nogil:
+        if count <= limit:
+            fr_thread_mpi_calls += 1
+            ierr = MPI_Allreduce(sendbuf, recvbuf, <int>count, red.datatype, red.op, comm)
+        elif FASTREDUCE_HAVE_LARGE_COUNT and red.predefined and limit == _count_limit:
+            fr_thread_mpi_calls += 1
+            ierr = fr_allreduce_large(sendbuf, recvbuf, count, red.datatype, red.op, comm)
+        else:
+            while offset < count and ierr == MPI_SUCCESS:
+                n = min(limit, count - offset)
+                fr_thread_mpi_calls += 1
+                ierr = MPI_Allreduce(
+                    sendbuf if sendbuf == MPI_IN_PLACE else <const char*>sendbuf + offset * stride,
+                    recvbuf + offset * stride, <int>n, red.datatype, red.op, comm)
+                offset += n
+    CHKERR(ierr)
+    if red.divide_kind >= 0:
+        CHKERR(MPI_Comm_size(comm, &size))
+        with nogil:
+            fr_divide(recvbuf, count, red.divide_kind, size)
+    return 0
+
+
+def _set_count_limit(int64_t limit) -> int:
+    """Largest count passed to one int-count MPI call (INT_MAX); lowered by tests. Returns old."""
+    global _count_limit
+    if limit < 1 or limit > INT_MAX:
+        raise ValueError(f"count limit must be in [1, {INT_MAX}]")
+    old, _count_limit = _count_limit, limit
+    return old
+
+
+# --- segmentation -------------------------------------------------------------------
+#
+# One MPI_Allreduce of a large host buffer is slower than the same bytes in a sequence of
+# smaller calls, in both MPI families (see the README's measurements); so blocking calls
+# above the segment size reduce one segment after another. The size decides how the ranks'
+# MPI calls match: it must be the same on every rank.
+
+DEFAULT_SEGMENT_BYTES = 4 << 20
+
+
+def segment_bytes() -> int:
+    """Bytes per MPI call of a segmented (large) blocking all-reduce; 0: one call."""
+    return _segment_bytes
+
+
+def set_segment_bytes(int64_t nbytes) -> int:
+    """Set segment_bytes() on this rank (0: off); the same on every rank. Returns the old."""
+    global _segment_bytes
+    if nbytes < 0:
+        raise ValueError(f"fastreduce: segment size {nbytes}: give 0 (one MPI call per "
+                         f"all-reduce) or a positive number of bytes")
+    old, _segment_bytes = _segment_bytes, nbytes
+    return old
+
+
+def _init_segment_setting():
+    import os
+
+    text = os.environ.get("FASTREDUCE_SEGMENT_BYTES", "").strip()
+    if not text:
+        set_segment_bytes(DEFAULT_SEGMENT_BYTES)
+        return
+    from .gpupath import parse_size
+    try:
+        set_segment_bytes(parse_size(text))
+    except ValueError:
+        raise ValueError(f"FASTREDUCE_SEGMENT_BYTES={text!r}: give bytes (with K, M or G), "
+                         f"or 0 for one MPI call per all-reduce") from None
+
+
+_init_segment_setting()
+
+
+def _mpi_call_count() -> int:
+    """MPI_Allreduce calls made by fastreduce's blocking paths in this thread so far."""
+    return fr_thread_mpi_calls
+
+
+cdef int64_t count_limit() noexcept nogil:
+    """Largest count one int-count MPI call takes here (INT_MAX, lowered by tests)."""
+    return _count_limit
