@@ -15,8 +15,9 @@ ratio is taken within a run (median over runs):
                 started together (with and without test() calls between the
                 compute chunks, the progress GradientSync's hooks provide)
 
-"engine" variants run the host requests on fastreduce's progress engine (a thread that
-makes blocking, segmented MPI calls), as FASTREDUCE_ENGINE_HOST=1 does.
+By default non-blocking host requests of 64 KiB and more run on fastreduce's progress
+engine (a thread making blocking, segmented MPI calls); the "no engine" variants keep every
+request on MPI_Iallreduce (FASTREDUCE_ENGINE_HOST_BYTES=off).
 """
 
 from __future__ import annotations
@@ -119,14 +120,14 @@ def main() -> int:
 
         variants[name] = step
         if name == "GradientSync" and _engine.state()[0]:
-            def engine_step(step=step):
-                _engine.set_host(True)
+            def no_engine_step(step=step):
+                _engine.set_host(False)
                 try:
                     step()
                 finally:
-                    _engine.set_host(False)
+                    _engine.set_host(None)
 
-            variants["GradientSync engine"] = engine_step
+            variants["GradientSync, no engine"] = no_engine_step
     samples = {name: [] for name in [*variants, "C floor allreduce"]}
     for _ in range(args.repeat):
         for name, step in variants.items():
@@ -166,26 +167,26 @@ def main() -> int:
         compute(poke=req if poke_progress else None)
         req.wait()
 
-    def overlapped_engine():
-        _engine.set_host(True)
+    def no_engine(poke_progress):
+        _engine.set_host(False)
         try:
-            overlapped(False)
+            overlapped(poke_progress)
         finally:
-            _engine.set_host(False)
+            _engine.set_host(None)
 
     over = {"compute": [], "allreduce": [], "back to back": [], "overlapped": [],
-            "overlapped + test()": [], "overlapped engine": []}
+            "overlapped, no engine": [], "overlapped + test(), no engine": []}
     for _ in range(args.repeat):
         over["compute"].append(timed(comm, compute, 5))
         over["allreduce"].append(timed(comm, lambda: fastreduce.allreduce_(buf), 5))
         over["back to back"].append(timed(comm, back_to_back, 5))
         over["overlapped"].append(timed(comm, lambda: overlapped(False), 5))
-        over["overlapped + test()"].append(timed(comm, lambda: overlapped(True), 5))
-        over["overlapped engine"].append(timed(comm, overlapped_engine, 5))
+        over["overlapped, no engine"].append(timed(comm, lambda: no_engine(False), 5))
+        over["overlapped + test(), no engine"].append(timed(comm, lambda: no_engine(True), 5))
     results["overlap_ms"] = {k: statistics.median(v) * 1e3 for k, v in over.items()}
     results["overlap"] = {
         k: statistics.median(o / b for o, b in zip(over[k], over["back to back"], strict=True))
-        for k in ("overlapped", "overlapped + test()", "overlapped engine")}
+        for k in ("overlapped", "overlapped, no engine", "overlapped + test(), no engine")}
 
     if rank == 0:
         print(f"# fastreduce {fastreduce.__version__} gradient-sync benchmark: {p} ranks, "

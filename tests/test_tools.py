@@ -170,3 +170,21 @@ def test_train_step_bench_cpu_sized():
     for name in ("no communication", "GradientSync", "coalesced", "DDP gloo", "allreduce alone"):
         assert re.search(rf"^  {name} +[0-9.]+ ms$", out, re.M), (name, out)
     assert re.search(r"GradientSync / DDP gloo: [0-9.]+", out), out
+
+
+def test_engine_settings(monkeypatch):
+    rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info")
+    assert rc == 0 and re.search(r"progress engine : on .*host requests of 64KiB and more", out)
+    monkeypatch.setenv("FASTREDUCE_ENGINE_HOST_BYTES", "off")
+    rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info")
+    assert rc == 0 and "no host requests" in out, out
+    monkeypatch.setenv("FASTREDUCE_ENGINE_HOST_BYTES", "some")
+    rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info")
+    assert "FASTREDUCE_ENGINE_HOST_BYTES='some'" in out, out
+    monkeypatch.delenv("FASTREDUCE_ENGINE_HOST_BYTES")
+    monkeypatch.setenv("FASTREDUCE_ENGINE", "0")
+    rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info")
+    assert rc == 0 and "progress engine : off (FASTREDUCE_ENGINE=0)" in out, out
+    monkeypatch.setenv("FASTREDUCE_ENGINE", "maybe")
+    rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info")
+    assert "FASTREDUCE_ENGINE='maybe': use 0 or 1" in out, out

@@ -320,6 +320,11 @@ cdef class Request:
             self.callbacks.append(fn)
 
     @property
+    def engine(self) -> bool:
+        """True when fastreduce's progress engine carries this request out."""
+        return self.job is not None
+
+    @property
     def done(self) -> bool:
         """True once wait() or test() has seen the reduction complete."""
         return not self.pending
@@ -384,7 +389,7 @@ def iallreduce_(x, op="sum", *, comm=None):
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
     if view.on_device:
         return _device_start(&view, &view, MPI_IN_PLACE, red, handle, comm, x, (x, owner))
-    if host_enabled():
+    if host_enabled(view.count * red.itemsize):
         return _engine_host_start(MPI_IN_PLACE, view.data, view.count, red, comm, x,
                                   (x, owner))
     return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
@@ -402,7 +407,7 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     if view.on_device:
         return _device_start(&view, &result, sendbuf, red, handle, comm, out,
                              (x, owner, out))
-    if host_enabled():
+    if host_enabled(view.count * red.itemsize):
         return _engine_host_start(sendbuf, result.data, view.count, red, comm, out,
                                   (x, owner, out))
     return _start(sendbuf, result.data, view.count, red, handle,

@@ -1,6 +1,8 @@
 # The progress engine: one thread per process that runs queued jobs in the order they
 # were submitted (see _engine.pyx).
 
+from libc.stdint cimport int64_t
+
 cdef class Job:
     cdef readonly object error   # what execute() raised, or None
     cdef readonly bint done
@@ -13,4 +15,4 @@ cdef class Job:
 cdef int submit(Job job) except -1
 cdef int wait_for(Job job) except -1
 cdef bint enabled() except -1
-cdef bint host_enabled() except -1
+cdef bint host_enabled(int64_t nbytes) except -1

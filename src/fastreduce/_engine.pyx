@@ -17,6 +17,8 @@ A Job reports completion to whoever waits (wait_for) and to its callbacks: the h
 torch.distributed work object, or any other future, can complete from.
 """
 
+from libc.stdint cimport int64_t
+
 import atexit
 import collections
 import os
@@ -91,21 +93,49 @@ cdef bint enabled() except -1:
     return state()[0]
 
 
-_host = None  # whether host requests go through the engine too; None: not decided yet
+_host_bytes = None  # host requests of at least this many bytes use the engine; -1: none
 
 
 def set_host(value) -> None:
-    """Route non-blocking host requests through the engine too (True) or not (False);
-    None: as FASTREDUCE_ENGINE_HOST says (default off)."""
-    global _host
-    _host = None if value is None else bool(value)
+    """Which non-blocking host requests the engine runs: those of at least `value` bytes
+    (an int), all (True), none (False); None: as FASTREDUCE_ENGINE_HOST_BYTES says
+    (default 64 KiB: below that, handing a request to the thread costs more than it saves)."""
+    global _host_bytes
+    if value is None:
+        _host_bytes = None
+    elif value is True or value is False:
+        _host_bytes = 0 if value else -1
+    else:
+        if int(value) < 0:
+            raise ValueError(f"fastreduce: engine host threshold {value}: give bytes >= 0")
+        _host_bytes = int(value)
 
 
-cdef bint host_enabled() except -1:
-    global _host
-    if _host is None:
-        _host = os.environ.get("FASTREDUCE_ENGINE_HOST", "").strip() == "1"
-    return _host and state()[0]
+def host_bytes() -> int:
+    """The smallest non-blocking host request the engine runs, in bytes; -1: none."""
+    global _host_bytes
+    if _host_bytes is None:
+        text = os.environ.get("FASTREDUCE_ENGINE_HOST_BYTES", "").strip().lower()
+        if not text:
+            _host_bytes = DEFAULT_HOST_BYTES
+        elif text == "off":
+            _host_bytes = -1
+        else:
+            from .gpupath import parse_size
+            try:
+                _host_bytes = parse_size(text)
+            except ValueError:
+                raise ValueError(f"FASTREDUCE_ENGINE_HOST_BYTES={text!r}: give bytes (with K, "
+                                 f"M or G), 0 for every host request, or off") from None
+    return _host_bytes
+
+
+DEFAULT_HOST_BYTES = 64 << 10
+
+
+cdef bint host_enabled(int64_t nbytes) except -1:
+    cdef int64_t threshold = _host_bytes if _host_bytes is not None else host_bytes()
+    return threshold >= 0 and nbytes >= threshold and state()[0]
 
 
 def _next():

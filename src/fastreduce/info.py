@@ -74,9 +74,16 @@ def collect() -> dict:
 
 def _engine_state() -> str:
     from fastreduce import _engine
+    from fastreduce.gpupath import format_size
 
     try:
-        return _engine.state()[1] + " (runs non-blocking staged GPU requests)"
+        on, why = _engine.state()
+        if not on:
+            return why
+        host = _engine.host_bytes()
+        hosts = ("no host requests" if host < 0 else "every host request" if host == 0
+                 else f"host requests of {format_size(host)} and more")
+        return f"{why}: non-blocking staged GPU requests, {hosts} (FASTREDUCE_ENGINE_HOST_BYTES)"
     except ValueError as exc:
         return str(exc)
 

@@ -162,11 +162,33 @@ for n in (1000, 600_000):
     check(np.array_equal(fastreduce.iallreduce_(g).wait().to_numpy(), summed(n, range(size))),
           f"{n}: the request after a failure")
 
+# --- host requests: the engine runs those of 64 KiB and more -------------------------------
+check(_engine.host_bytes() == 64 << 10, f"default host threshold {_engine.host_bytes()}")
+started = []
+for i, n in enumerate((10, 16383, 16384, 300_000, 5, 2_000_000)):  # float32: 64 KiB = 16384
+    for k, comm in enumerate(comms):
+        h = values_of(n, members[k].index(rank), salt=i)
+        req = fastreduce.iallreduce_(h, comm=comm)
+        check(req.engine == (n * 4 >= 64 << 10), f"host {n} floats: engine {req.engine}")
+        started.append((req, h, n, k, i))
+for req, h, n, k, i in reversed(started):  # waited for in reverse, on every rank
+    check(req.wait() is h and np.array_equal(h, summed(n, range(len(members[k])), salt=i)),
+          f"host request {i} ({n} floats) on comm {k}")
+for setting, small, big in ((False, False, False), (True, True, True), (1 << 20, False, True)):
+    _engine.set_host(setting)
+    reqs = [fastreduce.iallreduce(values_of(n, rank)) for n in (100, 400_000)]
+    check([r.engine for r in reqs] == [small, big], f"set_host({setting}): {reqs}")
+    check(all(np.array_equal(r.wait(), summed(n, range(size)))
+              for r, n in zip(reqs, (100, 400_000), strict=True)), f"set_host({setting})")
+_engine.set_host(None)
+
 # --- callbacks --------------------------------------------------------------------------------
 seen = []
+req = g = None  # (freeing device memory waits for the whole device: not from here on)
+gc.collect()
 stream = Stream()
 g = FakeCudaArray.from_numpy(np.zeros(3000, np.float32), stream=stream)
-g.write(values_of(3000, rank), delay_us=200_000)
+g.write(values_of(3000, rank), delay_us=2_000_000)
 req = fastreduce.iallreduce_(g)
 req.add_done_callback(lambda r: seen.append(("before wait", r is req)))
 check(seen == [], f"a callback fired before the request was done: {seen}")
