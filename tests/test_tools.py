@@ -188,3 +188,18 @@ def test_engine_settings(monkeypatch):
     monkeypatch.setenv("FASTREDUCE_ENGINE", "maybe")
     rc, out = run_mpi(1, sys.executable, "-m", "fastreduce.info")
     assert "FASTREDUCE_ENGINE='maybe': use 0 or 1" in out, out
+
+
+def test_engine_off_below_thread_multiple():
+    """An MPI initialised below MPI_THREAD_MULTIPLE: the engine stays off and says why;
+    non-blocking calls still work."""
+    code = ("import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
+            "import numpy as np, fastreduce\n"
+            "from fastreduce import _engine\n"
+            "x = np.ones(1 << 20, np.float32)\n"
+            "r = fastreduce.iallreduce_(x)\n"
+            "print(_engine.state(), r.engine, bool((r.wait() == 2).all()))\n")
+    rc, out = run_mpi(2, sys.executable, "-c", code)
+    assert rc == 0, out
+    assert out.count("(False, \"off: the MPI gives less than MPI_THREAD_MULTIPLE") == 2, out
+    assert out.count("False True") == 2, out

@@ -58,7 +58,7 @@ _state = None  # (enabled, why), decided once
 
 
 def state() -> tuple:
-    """(whether non-blocking GPU calls go through the engine, why)."""
+    """(whether the engine runs non-blocking calls here, why)."""
     global _state
     if _state is None:
         from mpi4py import MPI
@@ -70,7 +70,7 @@ def state() -> tuple:
             _state = (False, "off (FASTREDUCE_ENGINE=0)")
         elif MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             _state = (False, "off: the MPI gives less than MPI_THREAD_MULTIPLE; non-blocking "
-                             "GPU calls use MPI's non-blocking collectives")
+                             "calls use MPI's non-blocking collectives")
         else:
             _state = (True, "on (MPI_THREAD_MULTIPLE)")
     return _state
