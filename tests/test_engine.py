@@ -1,4 +1,5 @@
-"""The progress engine (non-blocking staged GPU requests), over the fake CUDA runtime."""
+"""The progress engine (non-blocking staged GPU and large host requests), over the fake
+CUDA runtime."""
 
 import pytest
 from mpirun import run_workers

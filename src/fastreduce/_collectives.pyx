@@ -6,6 +6,7 @@
 The GIL is released around every MPI call that can wait for other ranks.
 """
 
+cimport cython
 from mpi4py cimport MPI
 
 from libc.stdint cimport int64_t
@@ -25,7 +26,7 @@ from ._errors cimport CHKERR
 from ._gpupath cimport PATH_DIRECT, choose_path
 from ._libmpi cimport *
 from ._ops cimport Reduction, get_reduction, op_code
-from ._reduce cimport _run, count_limit
+from ._reduce cimport _run, _run_in, count_limit, segment_bytes_now
 from ._staged cimport (
     _check_capture, _copy_in_whole, _device_run, _drain, _pipeline_begin, _StagedJob,
     _wait_out_producer, _wait_producers,
@@ -149,6 +150,7 @@ _pending = weakref.WeakSet()
 _orphaned = []  # buffers of requests whose communicator was freed before they completed
 
 
+@cython.no_gc_clear  # __dealloc__ needs `job` and `keep` even when the request was in a cycle
 cdef class Request:
     """A started non-blocking all-reduce: wait() returns its result, test() never blocks.
 
@@ -229,9 +231,6 @@ cdef class Request:
     cdef int _finish(self, int ierr) except -1:
         self.pending = False
         _pending.discard(self)
-        callbacks, self.callbacks = self.callbacks, None
-        for fn in callbacks or ():
-            fn(self)
         cdef int size = 1
         try:
             CHKERR(ierr)
@@ -245,8 +244,18 @@ cdef class Request:
             if self.staging != NULL:
                 staging_give(self.staging)
                 self.staging = NULL
-        self.keep = None
+            self.keep = None
+            self._run_callbacks()
         return 0
+
+    cdef void _run_callbacks(self) noexcept:
+        """add_done_callback's functions, once the request is finished (errors ignored)."""
+        callbacks, self.callbacks = self.callbacks, None
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except BaseException:  # noqa: BLE001  (a callback's error is its own)
+                pass
 
     cdef int _stage_out(self) except -1:
         """Copy the reduced pinned buffer back to the device, on the producer's stream."""
@@ -280,7 +289,8 @@ cdef class Request:
         cdef int ierr
         if self.pending and self.job is not None:
             wait_for(self.job)
-            self._finish_job()
+            if self.pending:  # (another thread may have finished it meanwhile)
+                self._finish_job()
         elif self.pending:
             self._check_comm()
             with nogil:
@@ -465,10 +475,11 @@ cdef class _HostJob(Job):
     cdef const Reduction* red
     cdef object dup
     cdef object keep
+    cdef int64_t segment_bytes  # when it was started: the same on every rank
 
     cdef int execute(self) except -1:
-        return _run(self.sendbuf, self.recvbuf, self.count, self.red,
-                    <MPI_Comm>(<MPI.Comm>self.dup).ob_mpi)
+        return _run_in(self.sendbuf, self.recvbuf, self.count, self.red,
+                       <MPI_Comm>(<MPI.Comm>self.dup).ob_mpi, self.segment_bytes)
 
     cdef int cleanup(self) except -1:
         self.keep = None
@@ -480,6 +491,7 @@ cdef Request _engine_host_start(const void* sendbuf, char* recvbuf, int64_t coun
     cdef _HostJob job = _HostJob.__new__(_HostJob)
     job.sendbuf, job.recvbuf, job.count, job.red = sendbuf, recvbuf, count, red
     job.dup, job.keep = _engine_comm(comm), keep
+    job.segment_bytes = segment_bytes_now()
     cdef Request req = Request.__new__(Request)
     req.job, req.result, req.keep, req.pending = job, out, keep, True
     _pending.add(req)
@@ -532,18 +544,22 @@ cdef Request _engine_start(BufferView* x, BufferView* result, const Reduction* r
     cdef int64_t chunk = chunk_bytes(nbytes)
     cdef int64_t nslots = min(<int64_t>STAGING_SLOTS, (nbytes + chunk - 1) // chunk)
     dup = _engine_comm(comm)
-    cdef Staging* ctx = staging_take(x.device_id, nslots * chunk)
-    try:
-        with nogil:
-            _pipeline_begin(ctx, stream, x.data, nbytes, chunk)
-    except BaseException:
-        _drain(ctx, stream)
-        staging_give(ctx)
-        raise
     cdef _StagedJob job = _StagedJob.__new__(_StagedJob)
-    job.ctx, job.src, job.dst, job.nbytes, job.chunk = ctx, x.data, result.data, nbytes, chunk
+    job.src, job.dst, job.nbytes, job.chunk = x.data, result.data, nbytes, chunk
     job.red, job.dup, job.keep = red, dup, keep
     job.stream, job.own_stream = stream, x.own_stream
+    job.segment_bytes = segment_bytes_now()
+    cdef Staging* ctx = NULL
+    try:
+        ctx = staging_take(x.device_id, nslots * chunk)
+        with nogil:
+            _pipeline_begin(ctx, stream, x.data, nbytes, chunk)
+        job.ctx = ctx
+    except Exception as exc:  # noqa: BLE001  (the job still takes part, then fails everywhere)
+        if ctx != NULL:
+            _drain(ctx, stream)
+            staging_give(ctx)
+        job.start_error = exc
     cdef Request req = Request.__new__(Request)
     req.job, req.result, req.keep, req.pending = job, out, keep, True
     _pending.add(req)

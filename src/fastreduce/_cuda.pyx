@@ -215,6 +215,11 @@ cdef int check_not_capturing(cudaStream_t stream, str role) except -1:
     return 0
 
 
+cdef int use_device(int device) except -1 nogil:
+    """Make `device` current for this thread (the progress engine's, for a job's device)."""
+    return _check(_SetDevice(device), b"cudaSetDevice")
+
+
 cdef void count_path(bint direct) noexcept nogil:
     global _direct_calls, _staged_calls
     if direct:

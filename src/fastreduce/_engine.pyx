@@ -42,7 +42,8 @@ cdef class Job:
         return 0
 
     def add_done_callback(self, fn) -> None:
-        """Call fn(job) once the job is done (at once if it is), from the engine's thread."""
+        """Call fn(job) once the job is done (at once if it is), from the engine's thread,
+        possibly just after a wait() for it has returned; fn must not wait for requests."""
         with _cond:
             if not self.done:
                 self.callbacks.append(fn)
@@ -54,6 +55,7 @@ _queue = collections.deque()
 _cond = threading.Condition()
 _thread = None
 _unfinished = 0  # jobs submitted and not done
+_stopped = False  # stop() ran: no new thread
 _state = None  # (enabled, why), decided once
 
 
@@ -77,9 +79,9 @@ def state() -> tuple:
 
 
 def set_enabled(value) -> None:
-    """Route non-blocking GPU calls through the engine (True), not (False), or as the
-    environment and the MPI's thread level say (None). Requests already started keep
-    their way."""
+    """Run non-blocking calls on the engine (True: staged GPU requests, and host requests
+    as set_host says), not at all (False), or as the environment and the MPI's thread
+    level say (None). Requests already started keep their way."""
     global _state
     if value is None:
         _state = None
@@ -189,8 +191,12 @@ def _loop() -> None:
 
 
 cdef int submit(Job job) except -1:
-    """Queue a job; the engine thread starts at the first."""
+    """Queue a job; the engine thread starts at the first. After stop() (interpreter
+    exit) the job runs at once, in the caller's thread."""
     global _thread, _unfinished
+    if _stopped:
+        _run_inline(job)
+        return 0
     with _cond:
         _unfinished += 1
         if _thread is None:
@@ -216,9 +222,30 @@ def wait_idle() -> None:
             _cond.wait()
 
 
+def _run_inline(Job job) -> None:
+    try:
+        job.execute()
+    except BaseException as exc:  # noqa: BLE001  (reported by the request's wait())
+        job.error = exc
+    job.done = True
+    if job.orphaned:
+        try:
+            job.cleanup()
+        except BaseException:  # noqa: BLE001
+            pass
+    for fn in job.callbacks:
+        try:
+            fn(job)
+        except BaseException:  # noqa: BLE001
+            pass
+    job.callbacks = []
+
+
 def stop() -> None:
-    """Let the queued jobs finish, then end the thread (at interpreter exit)."""
-    global _thread
+    """Let the queued jobs finish, then end the thread (at interpreter exit); later jobs run
+    in their caller's thread."""
+    global _thread, _stopped
+    _stopped = True
     thread = _thread
     if thread is None:
         return

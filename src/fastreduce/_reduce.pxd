@@ -7,4 +7,7 @@ from ._ops cimport Reduction
 
 cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
               MPI_Comm comm) except -1
+cdef int _run_in(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
+                 MPI_Comm comm, int64_t segment_bytes) except -1
+cdef int64_t segment_bytes_now() noexcept nogil
 cdef int64_t count_limit() noexcept nogil

@@ -19,9 +19,9 @@ cdef int64_t _count_limit = INT_MAX
 cdef int64_t _segment_bytes = 0  # set from FASTREDUCE_SEGMENT_BYTES at import (0: one call)
 
 
-cdef inline int64_t _step(int64_t count, const Reduction* red) noexcept nogil:
+cdef inline int64_t _step(int64_t count, int itemsize, int64_t segment_bytes) noexcept nogil:
     """Elements per MPI call: a segment (when segmentation applies) or the int count limit."""
-    cdef int64_t segment = max(_segment_bytes // red.itemsize, 1) if _segment_bytes else 0
+    cdef int64_t segment = max(segment_bytes // itemsize, 1) if segment_bytes else 0
     if segment > 0 and count > segment and segment < _count_limit:
         return segment
     return _count_limit
@@ -37,12 +37,18 @@ cdef extern from *:
 
 cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
               MPI_Comm comm) except -1:
+    """_run_in with the segment size in force now."""
+    return _run_in(sendbuf, recvbuf, count, red, comm, _segment_bytes)
+
+
+cdef int _run_in(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
+                 MPI_Comm comm, int64_t segment_bytes) except -1:
     """MPI_Allreduce of `count` elements, then avg: one call, or one per segment (large
     messages; faster than one call), or per int-sized chunk / large-count past INT_MAX."""
     global fr_thread_mpi_calls
     cdef int ierr = MPI_SUCCESS
     cdef int size = 1
-    cdef int64_t limit = _step(count, red)
+    cdef int64_t limit = _step(count, red.itemsize, segment_bytes)
     cdef int64_t offset = 0
     cdef int64_t n
     cdef int64_t stride = red.itemsize
@@ -124,6 +130,20 @@ _init_segment_setting()
 def _mpi_call_count() -> int:
     """MPI_Allreduce calls made by fastreduce's blocking paths in this thread so far."""
     return fr_thread_mpi_calls
+
+
+def _call_plan(int64_t count, int itemsize) -> list:
+    """The element counts of the MPI calls _run makes for `count` elements of `itemsize`
+    bytes with MPI's own ops (the settings in force now): for a caller that must make the
+    same calls as the other ranks after a local failure."""
+    cdef int64_t step = _step(count, itemsize, _segment_bytes)
+    if count <= step or (step == _count_limit and FASTREDUCE_HAVE_LARGE_COUNT):
+        return [count]
+    return [min(step, count - offset) for offset in range(0, count, step)]
+
+
+cdef int64_t segment_bytes_now() noexcept nogil:
+    return _segment_bytes
 
 
 cdef int64_t count_limit() noexcept nogil:

@@ -32,6 +32,7 @@ cdef class _StagedJob(Job):
     cdef object keep          # tensors and export capsules, alive until the job is released
     cdef cudaStream_t stream  # the producer's stream
     cdef bint own_stream
+    cdef int64_t segment_bytes  # the segment size when it was started (the same on every rank)
+    cdef object start_error     # starting it failed here: the job only takes part, then fails
 
     cdef int _make_up(self, MPI_Comm handle, int64_t reduced) except -1
-    cdef void _release(self) noexcept

@@ -13,6 +13,7 @@ from ._cuda cimport (
     MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, check_not_capturing, chunk_bytes,
     consumer_stream, copy_async, cudaStream_t, event_record, event_sync, require_device,
     staging_give, staging_order, staging_release, staging_take, stream_sync, stream_wait_event,
+    use_device,
 )
 from ._dlpack cimport kDLCUDA, kDLCUDAManaged
 from ._dtypes cimport KIND_FLOAT32
@@ -21,7 +22,7 @@ from ._errors cimport CHKERR
 from ._gpupath cimport PATH_DIRECT, PATH_STAGED, choose_path
 from ._libmpi cimport *
 from ._ops cimport OP_SUM, Reduction, get_reduction
-from ._reduce cimport _run
+from ._reduce cimport _run, _run_in, segment_bytes_now
 
 # --- GPU memory ---------------------------------------------------------------------
 #
@@ -162,9 +163,10 @@ cdef int _pipeline_begin(Staging* ctx, cudaStream_t stream, const char* src, int
 
 cdef int _pipeline_run(Staging* ctx, const char* src, char* dst, int64_t nbytes,
                        int64_t chunk, const Reduction* red, MPI_Comm comm,
-                       int64_t* reduced) except -1:
+                       int64_t segment_bytes, int64_t* reduced) except -1:
     """Reduce chunk after chunk as it arrives; queue each copy out. `reduced` counts the
-    chunks whose MPI call was made (for a caller that must make up the rest on failure)."""
+    chunks whose MPI calls were started (for a caller that must make up the rest on
+    failure)."""
     cdef int64_t nchunks = (nbytes + chunk - 1) // chunk
     cdef int64_t i, j, n
     cdef int slot
@@ -174,7 +176,8 @@ cdef int _pipeline_run(Staging* ctx, const char* src, char* dst, int64_t nbytes,
         with nogil:
             event_sync(ctx.d2h[slot])
         reduced[0] = i + 1
-        _run(MPI_IN_PLACE, ctx.host + slot * chunk, n // red.itemsize, red, comm)
+        _run_in(MPI_IN_PLACE, ctx.host + slot * chunk, n // red.itemsize, red, comm,
+                segment_bytes)
         with nogil:
             copy_async(dst + i * chunk, ctx.host + slot * chunk, n, MEMCPY_H2D, ctx.h2d_stream)
             event_record(ctx.h2d[slot], ctx.h2d_stream)
@@ -206,7 +209,8 @@ cdef int _staged_pipelined(BufferView* x, BufferView* result, const Reduction* r
     try:
         with nogil:
             _pipeline_begin(ctx, stream, x.data, nbytes, chunk)
-        _pipeline_run(ctx, x.data, result.data, nbytes, chunk, red, comm, &reduced)
+        _pipeline_run(ctx, x.data, result.data, nbytes, chunk, red, comm, segment_bytes_now(),
+                      &reduced)
         with nogil:
             _pipeline_end(ctx, stream, x.own_stream)
     except BaseException:
@@ -228,13 +232,19 @@ cdef class _StagedJob(Job):
         cdef MPI_Comm handle = <MPI_Comm>(<MPI.Comm>self.dup).ob_mpi
         cdef int64_t reduced = 0
         cdef int32_t failed = 0
-        error = None
-        try:
-            _pipeline_run(self.ctx, self.src, self.dst, self.nbytes, self.chunk, self.red,
-                          handle, &reduced)
-        except BaseException as exc:  # noqa: BLE001  (raised from wait() below)
-            error, failed = exc, 1
-            self._make_up(handle, reduced)
+        error = self.start_error  # starting failed on this rank: take part all the same
+        if error is not None:
+            failed = 1
+            self._make_up(handle, 0)
+        else:
+            try:
+                with nogil:
+                    use_device(self.ctx.device)
+                _pipeline_run(self.ctx, self.src, self.dst, self.nbytes, self.chunk, self.red,
+                              handle, self.segment_bytes, &reduced)
+            except BaseException as exc:  # noqa: BLE001  (raised from wait() below)
+                error, failed = exc, 1
+                self._make_up(handle, reduced)
         # every rank learns whether any rank failed, so that none takes a partial result
         CHKERR(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT32_T, MPI_MAX, handle))
         if error is not None:
@@ -257,7 +267,8 @@ cdef class _StagedJob(Job):
             for k in range(reduced, nchunks):
                 n = min(self.chunk, self.nbytes - k * self.chunk)
                 try:
-                    _run(MPI_IN_PLACE, scratch, n // self.red.itemsize, self.red, handle)
+                    _run_in(MPI_IN_PLACE, scratch, n // self.red.itemsize, self.red, handle,
+                            self.segment_bytes)
                 except BaseException:  # noqa: BLE001  (the first error is the one reported)
                     pass
         finally:
@@ -266,22 +277,22 @@ cdef class _StagedJob(Job):
 
     cdef int cleanup(self) except -1:
         """Done: order the producer's stream after the copies out, release the memory."""
-        if self.ctx == NULL:
+        cdef Staging* ctx = self.ctx
+        self.ctx = NULL  # taken before any GIL release: a second caller finds nothing to do
+        self.keep = None
+        if ctx == NULL:
             return 0
         try:
+            with nogil:
+                use_device(ctx.device)
             if self.error is None:
                 with nogil:
-                    _pipeline_end(self.ctx, self.stream, self.own_stream)
+                    _pipeline_end(ctx, self.stream, self.own_stream)
             else:
-                _drain(self.ctx, self.stream)
+                _drain(ctx, self.stream)
         finally:
-            self._release()
+            staging_give(ctx)
         return 0
-
-    cdef void _release(self) noexcept:
-        staging_give(self.ctx)
-        self.ctx = NULL
-        self.keep = None
 
 
 def _time_device_path(comm, size_t device_ptr, int64_t nbytes, str path, int reps) -> list:

@@ -417,16 +417,18 @@ def _reps(nbytes: int) -> int:
 
 
 def _call_counts(nbytes: int, path: str) -> list[int]:
-    """The element counts of the MPI_Allreduce calls one blocking call makes by a path."""
-    from . import _cuda
+    """The element counts of the MPI_Allreduce calls one blocking float32 call of nbytes
+    makes by a path (staged chunks, and segments of either)."""
+    from . import _cuda, _reduce
 
     count = nbytes // 4
     if path == "direct":
-        return [count]
-    chunk, nchunks = _cuda.plan_staging(nbytes)
-    if nchunks <= 1:
-        return [count]
-    return [chunk // 4] * (nchunks - 1) + [(nbytes - (nchunks - 1) * chunk) // 4]
+        whole = [count]
+    else:
+        chunk, nchunks = _cuda.plan_staging(nbytes)
+        whole = [count] if nchunks <= 1 else (
+            [chunk // 4] * (nchunks - 1) + [(nbytes - (nchunks - 1) * chunk) // 4])
+    return [n for c in whole for n in _reduce._call_plan(c, 4)]
 
 
 def _measure(comm, ptr: int, nbytes: int, path: str, reps: int) -> list[float]:

@@ -161,7 +161,7 @@ _SIGNATURES = {
     "cudaStreamEndCapture": (c_int, [c_void_p, POINTER(c_void_p)]),
     "cudaStreamIsCapturing": (c_int, [c_void_p, POINTER(c_int)]),
     "fakecuda_pointer_kind": (c_int, [c_void_p]),
-    "fakecuda_fail_event_syncs": (None, [c_int]),
+    "fakecuda_fail_event_syncs": (None, [c_int, c_int]),
     "fakecuda_get_counters": (None, [POINTER(_Counters)]),
     "fakecuda_reset_counters": (None, []),
     "fakecuda_counters_size": (c_size_t, []),
@@ -216,9 +216,10 @@ def reset_counters() -> None:
     lib().fakecuda_reset_counters()
 
 
-def fail_event_syncs(n: int) -> None:
-    """The next n cudaEventSynchronize calls (from any thread) fail with error 700."""
-    lib().fakecuda_fail_event_syncs(n)
+def fail_event_syncs(n: int, after: int = 0) -> None:
+    """After `after` more that succeed, the next n cudaEventSynchronize calls (from any
+    thread) fail with error 700."""
+    lib().fakecuda_fail_event_syncs(n, after)
 
 
 def quiesce() -> None:

@@ -87,6 +87,7 @@ static uint64_t g_pending;         /* operations enqueued and not yet completed,
 static _Thread_local int t_device; /* cudaSetDevice is per host thread */
 static _Thread_local int t_last_error;
 static int g_fail_event_syncs; /* injected faults still to come; guarded by g_lock */
+static int g_pass_event_syncs; /* ... after this many more successful calls */
 
 /* Record err as the thread's last error (when it is one) and return it. */
 static int fail(int err)
@@ -730,7 +731,9 @@ EXPORT int cudaEventSynchronize(void *event)
         return fail(cudaErrorInvalidResourceHandle);
     }
     g_count.event_syncs++;
-    if (g_fail_event_syncs > 0) { /* an injected fault (fakecuda_fail_event_syncs) */
+    if (g_fail_event_syncs > 0 && g_pass_event_syncs > 0) {
+        g_pass_event_syncs--;
+    } else if (g_fail_event_syncs > 0) { /* an injected fault (fakecuda_fail_event_syncs) */
         g_fail_event_syncs--;
         pthread_mutex_unlock(&g_lock);
         return fail(cudaErrorIllegalAddress);
@@ -880,11 +883,13 @@ EXPORT int cudaStreamIsCapturing(void *stream, int *status)
 
 /* ---------------------------------------------------------------- test helpers (not CUDA) */
 
-/* Make the next n cudaEventSynchronize calls (any thread) fail with cudaErrorIllegalAddress. */
-EXPORT void fakecuda_fail_event_syncs(int n)
+/* After `after` more successful cudaEventSynchronize calls (any thread), make the next n
+ * fail with cudaErrorIllegalAddress. */
+EXPORT void fakecuda_fail_event_syncs(int n, int after)
 {
     pthread_mutex_lock(&g_lock);
     g_fail_event_syncs = n;
+    g_pass_event_syncs = after;
     pthread_mutex_unlock(&g_lock);
 }
 

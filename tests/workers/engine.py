@@ -1,12 +1,14 @@
-"""The progress engine, over the fake CUDA runtime: non-blocking staged GPU requests.
+"""The progress engine, over the fake CUDA runtime: non-blocking staged GPU requests and
+host requests of 64 KiB and more.
 
   start       starting a request does not wait for the GPU: the producer's delayed write
               is still pending when iallreduce_ returns, and is what gets reduced
   in flight   many requests on several communicators, waited for in another order on
               every rank (and with test() and wait_all), all correct
   dropped     requests dropped without wait() still complete, buffers kept until then
-  failures    a CUDA error inside the engine on one rank: that rank's wait() raises it, the
-              others' wait() raise that it failed elsewhere; the next requests work
+  failures    a CUDA error on one rank, when the job starts, half-way through it, or while
+              starting the request: that rank's wait() raises it, the others' wait() raise
+              that it failed elsewhere (no rank hangs); the next requests work
   callbacks   Job.add_done_callback fires once, from the engine
 
 Usage: engine.py [--exit-pending]   (the latter: start requests and exit without waiting;
@@ -18,6 +20,8 @@ from __future__ import annotations
 import atexit
 import gc
 import sys
+import threading
+import time
 
 EXIT_CHECKS = []  # --exit-pending: run at exit after fastreduce's own handlers
 atexit.register(lambda: [check() for check in EXIT_CHECKS])  # before fastreduce registers
@@ -49,6 +53,10 @@ if "--exit-pending" in sys.argv:
     # handlers run last-registered first: EXIT_CHECKS run after fastreduce's own)
     arrays = [FakeCudaArray.from_numpy(values_of(n, rank, salt=n)) for n in (10, 3000, 300_000)]
     requests = [fastreduce.iallreduce_(a) for a in arrays]
+    dropped = [FakeCudaArray.from_numpy(values_of(n, rank, salt=n)) for n in (20, 200_000)]
+    for a in dropped:
+        fastreduce.iallreduce_(a)  # dropped at once, still pending at exit
+    arrays += dropped
 
     def delivered():
         ok = all(np.array_equal(a.to_numpy(), summed(a.size, range(size), salt=a.size))
@@ -138,13 +146,21 @@ check(all(np.array_equal(a.to_numpy(), summed(a.size, range(size), salt=a.size))
           for a in dropped), "dropped requests still deliver")
 
 # --- failures inside the engine ---------------------------------------------------------------
-for n in (1000, 600_000):
+_cuda.set_staging_chunk(64 << 10)  # 600_000 floats: 37 chunks, so "half-way" is mid-job
+for n, after, label in ((1000, 0, "first wait"), (600_000, 0, "first wait"),
+                        (600_000, 10, "half-way"), (3_000_000, 0, "start")):
+    if label == "start":  # chunks of 1.7 MB: the pinned memory grows, which waits first
+        _cuda.set_staging_chunk(0)
     g = FakeCudaArray.from_numpy(values_of(n, rank))
-    fastreduce.iallreduce_(FakeCudaArray.from_numpy(values_of(n, rank))).wait()  # pinned memory
+    if label != "start":  # pinned memory for this size (growing it waits for the GPU)
+        fastreduce.iallreduce_(FakeCudaArray.from_numpy(values_of(n, rank))).wait()
     fakecuda.quiesce()
-    if rank == size - 1:
-        fakecuda.fail_event_syncs(1)  # the engine's first wait for a copy in fails here
+    if rank == size - 1:  # the engine's wait for a copy in fails, or growing pinned memory
+        fakecuda.fail_event_syncs(1, after)
+    _cuda.reset_copy_counts()
     req = fastreduce.iallreduce_(g)
+    if label == "start" and rank == size - 1:
+        check(_cuda.copy_counts()["d2h_copies"] == 0, "the request failed while starting")
     try:
         req.wait()
         message = "no error"
@@ -153,14 +169,27 @@ for n in (1000, 600_000):
     fakecuda.fail_event_syncs(0)
     if rank == size - 1:
         check("cudaEventSynchronize failed" in message and "illegal memory access" in message,
-              f"{n}: the failing rank's wait() says why: {message!r}")
+              f"{n} {label}: the failing rank's wait() says why: {message!r}")
     else:
-        check("failed on another rank" in message, f"{n}: the others' wait(): {message!r}")
-    check(req.done, f"{n}: a failed request is done")
+        check("failed on another rank" in message,
+              f"{n} {label}: the others' wait(): {message!r}")
+    check(req.done, f"{n} {label}: a failed request is done")
     fakecuda.quiesce()
     g = FakeCudaArray.from_numpy(values_of(n, rank))  # the engine goes on
     check(np.array_equal(fastreduce.iallreduce_(g).wait().to_numpy(), summed(n, range(size))),
-          f"{n}: the request after a failure")
+          f"{n} {label}: the request after a failure")
+_cuda.set_staging_chunk(0)
+
+# --- two threads waiting for one request --------------------------------------------------------
+g = FakeCudaArray.from_numpy(values_of(300_000, rank))
+req = fastreduce.iallreduce_(g)
+results = []
+waiter = threading.Thread(target=lambda: results.append(req.wait()))
+waiter.start()
+results.append(req.wait())
+waiter.join()
+check(len(results) == 2 and all(r is g for r in results)
+      and np.array_equal(g.to_numpy(), summed(300_000, range(size))), "two waiters")
 
 # --- host requests: the engine runs those of 64 KiB and more -------------------------------
 check(_engine.host_bytes() == 64 << 10, f"default host threshold {_engine.host_bytes()}")
@@ -193,6 +222,10 @@ req = fastreduce.iallreduce_(g)
 req.add_done_callback(lambda r: seen.append(("before wait", r is req)))
 check(seen == [], f"a callback fired before the request was done: {seen}")
 req.wait()
+for _ in range(500):  # the engine calls it just after marking the job done
+    if seen:
+        break
+    time.sleep(0.01)
 req.add_done_callback(lambda r: seen.append(("after wait", r is req)))
 check(seen == [("before wait", True), ("after wait", True)], f"callbacks: {seen}")
 h = values_of(5, rank, np.float64)

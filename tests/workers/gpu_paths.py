@@ -291,10 +291,17 @@ def failing(where: str, at: int, done: int):
 
 
 # before any call; half-way through a pipelined staged measurement (2 MPI calls per rep)
-for where, at, done in (("direct", 4096, 0), ("staged", 1 << 20, 4)):
+# and half-way through direct 1 MiB calls cut into 64 KiB segments (16 MPI calls a rep)
+for where, at, done, segment in (("direct", 4096, 0, None), ("staged", 1 << 20, 4, None),
+                                 ("direct", 1 << 20, 3, 64 << 10)):
+    old_segment = fastreduce.runtime.set_segment_bytes(
+        segment if segment else fastreduce.runtime.segment_bytes())
     if where == "staged":
         check(gpupath._call_counts(at, "staged") == [at // 8] * 2,
               f"1 MiB staged is 2 MPI calls: {gpupath._call_counts(at, 'staged')}")
+    if segment:
+        check(gpupath._call_counts(at, where) == [segment // 4] * 16,
+              f"1 MiB in 64 KiB segments: {gpupath._call_counts(at, where)}")
     gpupath._measure = failing(where, at, done)
     fresh = fastreduce.default_comm().Create_group(fastreduce.default_comm().Get_group().Incl(
         list(range(size))[::-1]))  # same members, another order: counts as calibrated
@@ -316,6 +323,7 @@ for where, at, done in (("direct", 4096, 0), ("staged", 1 << 20, 4)):
           f"the message names the rank, the error and the way out: {everyone[0]}")
     check(np.array_equal(x.to_numpy(), before), "a failed calibration leaves x alone")
     fresh.Free()
+    fastreduce.runtime.set_segment_bytes(old_segment)
 # an allocation failure on one rank
 real_alloc = _cuda.device_alloc
 if rank == 0:
