@@ -14,6 +14,7 @@ def test_engine(fake_cuda, nprocs):
 def test_requests_pending_at_exit_are_delivered(fake_cuda):
     out = run_workers("engine.py", 3, "--exit-pending", timeout=300)
     assert out.count("delivered at exit: True") == 3, out
+    assert out.count("request after the engine stopped: True") == 3, out
 
 
 def test_gpu_paths_without_the_engine(fake_cuda, monkeypatch):

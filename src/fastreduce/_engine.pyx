@@ -166,39 +166,44 @@ def _complete(Job job) -> list:
     return callbacks
 
 
-def _loop() -> None:
-    cdef Job job
-    while True:
-        item = _next()
-        if item is None:  # stop()
-            return
-        job = <Job>item
+def _process(Job job) -> None:
+    """Run one job: execute it, mark it done (waking its waiters), clean up after a dropped
+    request, call its callbacks. Errors go to the job (wait() raises them) or are dropped."""
+    try:
+        job.execute()
+    except BaseException as exc:  # noqa: BLE001  (reported by the request's wait())
+        job.error = exc
+    callbacks = _complete(job)
+    if job.orphaned:
         try:
-            job.execute()
-        except BaseException as exc:  # noqa: BLE001  (reported by the request's wait())
-            job.error = exc
-        callbacks = _complete(job)
-        if job.orphaned:
-            try:
-                job.cleanup()
-            except BaseException:  # noqa: BLE001  (nobody is left to report it to)
-                pass
-        for fn in callbacks:
-            try:
-                fn(job)
-            except BaseException:  # noqa: BLE001
-                pass
+            job.cleanup()
+        except BaseException:  # noqa: BLE001  (nobody is left to report it to)
+            pass
+    for fn in callbacks:
+        try:
+            fn(job)
+        except BaseException:  # noqa: BLE001
+            pass
+
+
+def _loop() -> None:
+    while True:
+        job = _next()
+        if job is None:  # stop()
+            return
+        _process(job)
 
 
 cdef int submit(Job job) except -1:
     """Queue a job; the engine thread starts at the first. After stop() (interpreter
     exit) the job runs at once, in the caller's thread."""
     global _thread, _unfinished
-    if _stopped:
-        _run_inline(job)
-        return 0
     with _cond:
         _unfinished += 1
+    if _stopped:
+        _process(job)
+        return 0
+    with _cond:
         if _thread is None:
             _thread = threading.Thread(target=_loop, name="fastreduce-engine", daemon=True)
             _thread.start()
@@ -220,25 +225,6 @@ def wait_idle() -> None:
     with _cond:
         while _unfinished:
             _cond.wait()
-
-
-def _run_inline(Job job) -> None:
-    try:
-        job.execute()
-    except BaseException as exc:  # noqa: BLE001  (reported by the request's wait())
-        job.error = exc
-    job.done = True
-    if job.orphaned:
-        try:
-            job.cleanup()
-        except BaseException:  # noqa: BLE001
-            pass
-    for fn in job.callbacks:
-        try:
-            fn(job)
-        except BaseException:  # noqa: BLE001
-            pass
-    job.callbacks = []
 
 
 def stop() -> None:

@@ -64,6 +64,14 @@ if "--exit-pending" in sys.argv:
         print(f"[rank {rank}] delivered at exit: {ok}", flush=True)
 
     EXIT_CHECKS.append(delivered)
+
+    def late_request():  # after the engine stopped: it runs in this thread
+        late = FakeCudaArray.from_numpy(values_of(5000, rank))
+        ok = np.array_equal(fastreduce.iallreduce_(late).wait().to_numpy(),
+                            summed(5000, range(size)))
+        print(f"[rank {rank}] request after the engine stopped: {ok}", flush=True)
+
+    EXIT_CHECKS.append(late_request)
     print(f"[rank {rank}] started {len(requests)} requests, exiting", flush=True)
     sys.exit(0)
 
