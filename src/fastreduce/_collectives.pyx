@@ -25,7 +25,7 @@ from ._engine cimport Job, enabled, host_enabled, submit, wait_for
 from ._errors cimport CHKERR
 from ._gpupath cimport PATH_DIRECT, choose_path
 from ._libmpi cimport *
-from ._ops cimport Reduction, get_reduction, op_code
+from ._ops cimport OP_AVG, OP_SUM, Reduction, get_reduction, op_code
 from ._reduce cimport _run, _run_in, count_limit, segment_bytes_now
 from ._staged cimport (
     _check_capture, _copy_in_whole, _device_run, _drain, _pipeline_begin, _StagedJob,
@@ -803,6 +803,26 @@ def _reduce_local(inbuf, inoutbuf, op="sum"):
     cdef const Reduction* red = get_reduction(a.kind, op_code(op))
     CHKERR(MPI_Reduce_local(a.data, b.data, <int>a.count, red.datatype, red.op))
     return inoutbuf
+
+
+def engine_comm(comm=None):
+    """The progress engine's duplicate of comm (collective over comm at its first use)."""
+    return _engine_comm(comm)
+
+
+def mpi_reduction(x, op="sum") -> tuple:
+    """(MPI datatype, MPI op) that reduce x's elements with `op` as allreduce does (MPI's
+    own, or fastreduce's for 16-bit floats); "avg" reduces with "sum" (divide afterwards).
+    For the torch.distributed backend's MPI_Reduce and MPI_Reduce_scatter_block."""
+    cdef BufferView view
+    cdef int code = op_code(op)
+    _owner = acquire(x, &view, False, "x")
+    cdef const Reduction* red = get_reduction(view.kind, OP_SUM if code == OP_AVG else code)
+    cdef MPI.Datatype datatype = MPI.Datatype.__new__(MPI.Datatype)
+    cdef MPI.Op mpi_op = MPI.Op.__new__(MPI.Op)
+    datatype.ob_mpi = red.datatype  # borrowed: not freed by mpi4py (flags say not owned)
+    mpi_op.ob_mpi = red.op
+    return datatype, mpi_op
 
 
 HAVE_LARGE_COUNT = bool(FASTREDUCE_HAVE_LARGE_COUNT)

@@ -51,6 +51,37 @@ cdef class Job:
         fn(self)
 
 
+cdef class CallJob(Job):
+    """A job that calls a Python function on the engine thread (torch.distributed's
+    non-blocking collectives other than all-reduce)."""
+
+    cdef object fn
+
+    cdef int execute(self) except -1:
+        self.fn()
+        return 0
+
+    cdef int cleanup(self) except -1:
+        self.fn = None
+        return 0
+
+
+def submit_call(fn) -> Job:
+    """Queue fn() for the engine thread (in submission order with every other job); returns
+    its Job. fn must not wait for other jobs."""
+    cdef CallJob job = CallJob.__new__(CallJob)
+    job.fn = fn
+    submit(job)
+    return job
+
+
+def wait_job(Job job) -> None:
+    """Block (GIL released) until the job is done; raise what it raised."""
+    wait_for(job)
+    if job.error is not None:
+        raise job.error
+
+
 _queue = collections.deque()
 _cond = threading.Condition()
 _thread = None

@@ -72,11 +72,25 @@ class Partition:
         self.active = comm != MPI.COMM_NULL
         self.rank = comm.Get_rank() if self.active else -1
         self.size = comm.Get_size() if self.active else 0
+        self._process_group = None
 
     @property
     def comm(self) -> MPI.Intracomm:
         """The mpi4py communicator of this partition, or MPI.COMM_NULL on inactive workers."""
         return self._comm
+
+    def process_group(self):
+        """This partition's communicator as a torch.distributed process group of the
+        fastreduce backend: made once, by the partition's members, after
+        dist.init_process_group("fastreduce"); fastreduce and torch then share it."""
+        if not self.active:
+            raise ValueError("fastreduce: this worker is not in the partition (inactive); only "
+                             "its members call process_group()")
+        if self._process_group is None:
+            from .distributed import process_group
+
+            self._process_group = process_group(self._comm)
+        return self._process_group
 
     def __repr__(self) -> str:
         state = f"rank {self.rank} of {self.size}" if self.active else "inactive"
