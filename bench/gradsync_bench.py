@@ -9,8 +9,10 @@ ratio is taken within a run (median over runs):
                 against 100 separate fastreduce.allreduce_ calls
   step          one SGD training step of an MLP with 100 parameter tensors and
                 ~10M parameters: no communication; GradientSync; torch
-                DistributedDataParallel (gloo); and the C floor's time for one
-                MPI_Allreduce of all gradients (bench/floor.c)
+                DistributedDataParallel on gloo and on fastreduce's torch.distributed
+                backend (with and without the progress engine, i.e. with and without
+                overlap of bucket reductions with backward); and the C floor's time for
+                one MPI_Allreduce of all gradients (bench/floor.c)
   overlap       a matmul loop and an iallreduce_ of 16 MiB, back to back against
                 started together (with and without test() calls between the
                 compute chunks, the progress GradientSync's hooks provide)
@@ -36,9 +38,9 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import fastreduce
+import fastreduce.distributed  # noqa: F401  (registers the torch.distributed backend)
 from fastreduce import _engine
 from fastreduce._abi import first_line
-from fastreduce.bench import _init_gloo
 
 sys.path.insert(0, str(Path(__file__).parent))
 from allreduce_bench import load_floor  # noqa: E402
@@ -97,10 +99,14 @@ def main() -> int:
     results["coalesced"]["speedup"] = speedup
 
     # --- training step ----------------------------------------------------------------
-    _init_gloo(MPI.COMM_WORLD)
+    dist.init_process_group("fastreduce")  # rank, size and rendezvous from MPI
+    gloo = dist.new_group(backend="gloo")
     plain = make_mlp(args.width, args.depth)
     synced = make_mlp(args.width, args.depth)
-    ddp_model = torch.nn.parallel.DistributedDataParallel(make_mlp(args.width, args.depth))
+    ddp_model = torch.nn.parallel.DistributedDataParallel(make_mlp(args.width, args.depth),
+                                                          process_group=gloo)
+    ddp_fastreduce = torch.nn.parallel.DistributedDataParallel(
+        make_mlp(args.width, args.depth), process_group=dist.group.WORLD)
     sync = fastreduce.GradientSync(synced)
     n_tensors = sum(1 for _ in plain.parameters())
     n_params = sum(q.numel() for q in plain.parameters())
@@ -108,7 +114,7 @@ def main() -> int:
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
     variants = {}
     for name, model in (("no communication", plain), ("GradientSync", synced),
-                        ("DDP gloo", ddp_model)):
+                        ("DDP gloo", ddp_model), ("DDP fastreduce", ddp_fastreduce)):
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         if name == "GradientSync":
             sync.attach(opt)
@@ -119,7 +125,7 @@ def main() -> int:
             opt.step()
 
         variants[name] = step
-        if name == "GradientSync" and _engine.state()[0]:
+        if name in ("GradientSync", "DDP fastreduce") and _engine.state()[0]:
             def no_engine_step(step=step):
                 _engine.set_host(False)
                 try:
@@ -127,7 +133,7 @@ def main() -> int:
                 finally:
                     _engine.set_host(None)
 
-            variants["GradientSync, no engine"] = no_engine_step
+            variants[f"{name}, no engine"] = no_engine_step
     samples = {name: [] for name in [*variants, "C floor allreduce"]}
     for _ in range(args.repeat):
         for name, step in variants.items():
@@ -140,11 +146,17 @@ def main() -> int:
     vs_floor = statistics.median(
         a / (b + c) for a, b, c in zip(samples["GradientSync"], samples["no communication"],
                                        samples["C floor allreduce"], strict=True))
+    ratio = {}
+    for a_name, b_name in (("DDP fastreduce", "DDP gloo"), ("DDP fastreduce", "GradientSync"),
+                           ("DDP fastreduce", "DDP fastreduce, no engine")):
+        if a_name in samples and b_name in samples:
+            ratio[f"{a_name} / {b_name}"] = statistics.median(
+                a / b for a, b in zip(samples[a_name], samples[b_name], strict=True))
     results["step_ms"] = med
     results["step"] = {"tensors": n_tensors, "parameters": n_params, "batch": args.batch,
                        "GradientSync / DDP gloo": vs_ddp,
                        "GradientSync / (no comm + C floor)": vs_floor,
-                       "buckets": sync.bucket_sizes}
+                       "buckets": sync.bucket_sizes, **ratio}
     dist.destroy_process_group()
 
     # --- overlap ------------------------------------------------------------------------
@@ -203,6 +215,11 @@ def main() -> int:
               f"(target <= 0.5)")
         print(f"  GradientSync / (no comm + C floor) "
               f"{s['GradientSync / (no comm + C floor)']:.2f} (target <= 1.1)")
+        for key, target in (("DDP fastreduce / DDP gloo", " (target <= 0.6)"),
+                            ("DDP fastreduce / GradientSync", " (target <= 1.1)"),
+                            ("DDP fastreduce / DDP fastreduce, no engine", " (overlap)")):
+            if key in s:
+                print(f"  {key:34s} {s[key]:.2f}{target}")
         print("overlap: 16 MiB iallreduce_ with a matmul loop")
         for k, v in results["overlap_ms"].items():
             print(f"  {k:20s} {v:9.2f} ms")

@@ -98,3 +98,13 @@ def test_info_under_srun(cluster, family):
     for field in ("built against", "running on", "thread level", "CUDA-aware", "ranks"):
         assert re.search(rf"^ *{field} : \S", out, re.M), (field, out)
     assert "(local 1/2)" in out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_torch_backend_under_srun(cluster, family):
+    """dist.init_process_group("fastreduce") under srun, with no rendezvous variables."""
+    python, mpi = python_for(family)
+    env = {k: v for k, v in ENV.items()}
+    rc, out = cluster.srun(2, mpi, python, "-W", "ignore", "-m", "mpi4py",
+                           str(WORKERS / "torch_backend.py"), env=env, timeout=300)
+    assert rc == 0 and "on 2 ranks, 0 failed" in out, out

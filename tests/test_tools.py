@@ -49,6 +49,7 @@ def test_columns_outputs_and_plot(nprocs, tmp_path):
     ["-d", "float64", "-o", "avg", "--out-of-place", "--nonblocking"],
     ["-d", "bool", "-o", "bor", "--partition", "2x2", "--axes", "1"],
     ["-d", "float16", "--partition", "4", "--peers", "torch"],
+    ["-d", "float32", "--peers", "torch,torch-fastreduce"],
 ])
 def test_modes(options):
     rc, out = run_mpi(4, *BENCH, "-b", "2", "-e", "4K", "-f", "8", "-n", "10", *options)
@@ -100,7 +101,8 @@ def test_info_prints_every_field(nprocs):
     for field in ("fastreduce", "mpi4py", "torch", "built against", "running on",
                   "linked libmpi", "MPI standard", "thread level", "large counts", "segments",
                   "16-bit floats", "CUDA-aware", "CUDA runtime", "GPU path", "device pointers",
-                  "GPU size table", "progress engine", "torch buffers", "size", "ranks"):
+                  "GPU size table", "progress engine", "torch buffers", "torch.distributed",
+                  "size", "ranks"):
         assert re.search(rf"^ *{re.escape(field)} : \S", out, re.M), (field, out)
     assert len(re.findall(r"\d+@\S+ \(local \d+/\d+\)", out)) == nprocs, out
     assert f"local {nprocs - 1}/{nprocs}" in out

@@ -23,3 +23,18 @@ def test_every_operation_through_the_engine(monkeypatch):
     monkeypatch.setenv("FASTREDUCE_ENGINE_HOST_BYTES", "0")
     out = run_workers("torch_backend.py", 3)
     assert "on 3 ranks, 0 failed" in out
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_training_equals_gloo(nprocs, tmp_path):
+    """DDP (plain, find_unused_parameters, no_sync, comm hook), ZeRO, FSDP2 and a
+    distributed checkpoint give gloo's models."""
+    out = run_workers("torch_training.py", nprocs, str(tmp_path / "checkpoint"))
+    assert f"on {nprocs} ranks, 0 failed" in out
+
+
+def test_tutorial_programs():
+    """The introductory tutorial's programs (2 processes, as written there), env://
+    rendezvous with rank= and world_size=, the backend name changed."""
+    out = run_workers("torch_tutorial.py", 2)
+    assert "on 2 ranks, 0 failed" in out

@@ -78,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="iallreduce + wait instead of the blocking call")
     parser.add_argument("--partition", help="a Cartesian partition of the ranks, e.g. 2x2x3")
     parser.add_argument("--axes", help="reduce over these axes of --partition, e.g. 1,2")
-    parser.add_argument("--peers", default="", help="also time mpi4py, torch (gloo) and/or "
-                        "fastreduce with segmentation off: --peers mpi4py,torch,unsegmented")
+    parser.add_argument("--peers", default="", help="also time mpi4py, torch.distributed on "
+                        "gloo (torch) or on fastreduce's backend (torch-fastreduce), and/or "
+                        "fastreduce with segmentation off: --peers mpi4py,torch,"
+                        "torch-fastreduce,unsegmented")
     parser.add_argument("--json", help="write every number to this file (rank 0)")
     parser.add_argument("--csv", help="write the table to this CSV file (rank 0)")
     parser.add_argument("--plot", help="draw latency and busbw against size into this PNG "
@@ -155,8 +157,8 @@ def check_args(args, world_size: int):
         raise UsageError("--gpu-paths needs --device cuda")
     args.gpu_modes = modes or [None]  # None: the mode in force
     peers = [p for p in args.peers.split(",") if p]
-    if any(p not in ("mpi4py", "torch", "unsegmented") for p in peers):
-        raise UsageError(f"--peers {args.peers!r}: choose from mpi4py, torch, unsegmented")
+    if any(p not in PEERS for p in peers):
+        raise UsageError(f"--peers {args.peers!r}: choose from {', '.join(PEERS)}")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -251,9 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         comm = fastreduce.default_comm()
         where = "all ranks"
     p = comm.Get_size()
-    gloo = None
-    if "torch" in peers:
-        gloo = _init_gloo(world)
+    gloo = _init_torch(world, peers)
     aware, how = fastreduce.runtime.cuda_aware()
     nodes = len(set(world.allgather(MPI.Get_processor_name())))
     meta = {
@@ -325,6 +325,24 @@ def _torch_version() -> str:
     except ImportError:
         return "not installed"
     return torch.__version__
+
+
+PEERS = ("mpi4py", "torch", "torch-fastreduce", "unsegmented")
+
+
+def _init_torch(world, peers) -> dict | None:
+    """torch.distributed for the torch peers: {peer: its process group}, or None."""
+    if "torch-fastreduce" not in peers:
+        return {"torch": _init_gloo(world)} if "torch" in peers else None
+    import torch.distributed as dist
+
+    from . import distributed  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("fastreduce")
+    groups = {"torch-fastreduce": dist.group.WORLD}
+    if "torch" in peers:
+        groups["torch"] = dist.new_group(backend="gloo")
+    return groups
 
 
 def _init_gloo(world):
@@ -502,8 +520,9 @@ def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
         t_buf = torch.zeros(count, dtype=getattr(torch, args.dtype), device=args.device)
         # torch.distributed reduces over the whole world: with --partition this column
         # is the world-wide all-reduce, which the JSON says
-        t = _time(comm, lambda: dist.all_reduce(t_buf, ops[args.op], group=gloo), iters, warmup,
-                  args.device)
+        group = gloo[name]
+        t = _time(comm, lambda: dist.all_reduce(t_buf, ops[args.op], group=group), iters,
+                  warmup, args.device)
     return comm.allreduce(t) / comm.Get_size()
 
 

@@ -35,6 +35,7 @@ BACKEND = "fastreduce"
 _AllgatherOptions = torch._C._distributed_c10d.AllgatherOptions  # not in torch.distributed
 
 _RedOpType = dist.ReduceOp.RedOpType
+_SUM = dist.ReduceOp.SUM
 _OP_NAMES = {
     _RedOpType.SUM: "sum",
     _RedOpType.AVG: "avg",
@@ -68,8 +69,8 @@ def _check_tensor(t, what: str) -> None:
         raise TypeError(f"fastreduce backend: {what} must be a torch.Tensor, not "
                         f"{type(t).__qualname__}")
     if not t.is_contiguous():
-        raise ValueError(f"fastreduce backend: {what} (shape {tuple(t.shape)}) is not contiguous; "
-                         f"pass t.contiguous() and copy the result back")
+        raise BufferError(f"fastreduce backend: {what} (shape {tuple(t.shape)}) is not "
+                          f"contiguous; call .contiguous() first (and copy the result back)")
     if t.device.type not in ("cpu", "cuda"):
         raise BackendError(f"fastreduce backend: {what} is on {t.device}; the backend takes "
                            f"cpu and cuda tensors")
@@ -195,21 +196,23 @@ class Work(dist.Work):
                  source: int = -1):
         super().__init__()
         self._result = result
-        self._future = torch.futures.Future()
+        self._error: BaseException | None = None
         self._request = request          # a fastreduce Request run by the progress engine
         self._job = job                  # an engine job (other collectives)
         self._mpi_request = mpi_request  # an mpi4py request (point-to-point)
+        self._finished = request is None and job is None and mpi_request is None
+        self._future = None  # made on demand for work that is already complete
+        if self._finished:
+            return
+        self._future = torch.futures.Future()
         self._source = source
         self._lock = threading.Lock()
-        self._finished = False
-        self._error: BaseException | None = None
+        self._waiter = None
         self._after: Callable[[], None] | None = None
         if request is not None:
             request.add_done_callback(self._from_request)
         elif job is not None:
             job.add_done_callback(self._from_job)
-        elif mpi_request is None:
-            self._finish(None)
 
     def _then(self, fn: Callable[[], None]) -> Work:
         """Run fn (e.g. a copy back to the device) once MPI is done, before completing."""
@@ -256,19 +259,23 @@ class Work(dist.Work):
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Block (GIL released) until MPI has completed the operation; raise its error."""
+        if self._future is None:  # complete from the start
+            return True
         if self._request is not None:
             self._request.wait()
         elif self._job is not None:
             _engine.wait_job(self._job)
-        elif self._mpi_request is not None and not self._finished:
+        elif self._mpi_request is not None and self._waiter is None and not self._finished:
             self._wait_mpi()
-        self._future.wait()  # the callback may still be running on the engine thread
+        self._future.wait()  # a callback may still be completing it on another thread
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        if self._mpi_request is not None and not self._finished:
+        if self._future is None:
+            return True
+        if self._mpi_request is not None and self._waiter is None and not self._finished:
             if self._mpi_request.Test():
                 self._finish(None)
         return self._future.done()
@@ -285,9 +292,12 @@ class Work(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         """A future of the result list; for point-to-point work, a helper thread waits."""
-        if self._mpi_request is not None and not self._finished:
+        if self._future is None:
+            self._future = torch.futures.Future()
+            self._future.set_result(self._result)
+        elif self._mpi_request is not None and not self._finished:
             with self._lock:
-                if not getattr(self, "_waiter", None):
+                if self._waiter is None:
                     self._waiter = threading.Thread(target=self._wait_mpi, daemon=True,
                                                     name="fastreduce-p2p-wait")
                     self._waiter.start()
@@ -314,6 +324,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._timeout = timeout
+        self._group_name = ""
+        self._group_desc = ""
 
     @property
     def comm(self) -> MPI.Intracomm:
@@ -325,6 +337,20 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
     def name(self) -> str:
         return BACKEND
+
+    # torch keeps a Python group's name and description only if the group does: device
+    # meshes, FSDP2 and functional collectives look groups up by name.
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
 
     def rank(self) -> int:
         return self._rank
@@ -352,21 +378,28 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
     # -- all-reduce (fastreduce's core) --
 
     def allreduce(self, tensors, opts=None) -> Work:
-        opts = opts if opts is not None else dist.AllreduceOptions()
-        op, factor = _op_of(opts.reduceOp)
-        for i, t in enumerate(tensors):
-            _check_tensor(t, f"tensors[{i}]")
-        if factor is not None:
-            for t in tensors:
-                t.mul_(factor)
-        asked = bool(getattr(opts, "asyncOp", True))
-        if len(tensors) == 1 and asked and _engine.state()[0]:
+        """Each tensor reduced in place; non-blocking on the progress engine when asked
+        (asyncOp, as DDP's buckets are) for CUDA tensors and host tensors of at least
+        FASTREDUCE_ENGINE_HOST_BYTES, else at once. The core validates the tensors."""
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        reduce_op = opts.reduceOp
+        if reduce_op == _SUM:  # the common case without the look-up
+            op, factor = "sum", None
+        else:
+            op, factor = _op_of(reduce_op)
+            if factor is not None:
+                for i, t in enumerate(tensors):
+                    _check_tensor(t, f"tensors[{i}]")
+                for t in tensors:
+                    t.mul_(factor)
+        if len(tensors) == 1 and opts.asyncOp and _engine.state()[0]:
             t = tensors[0]
-            if t.is_cuda or 0 <= _engine.host_bytes() <= _nbytes(t):
+            if t.is_cuda or 0 <= _engine.host_bytes() <= t.nbytes:
                 request = _collectives.iallreduce_(t, op, comm=self._comm)
                 if request.engine:
                     return Work(list(tensors), request=request)
-                request.wait()  # MPI's own non-blocking call: nothing would advance it
+                request.wait()  # MPI's own non-blocking call: nothing else would advance it
                 return Work(list(tensors))
         for t in tensors:
             _collectives.allreduce_(t, op, comm=self._comm)

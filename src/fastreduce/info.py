@@ -31,8 +31,13 @@ def collect() -> dict:
         torch_version = torch.__version__
         exchange = _buffer._uses_exchange_api(torch.empty(0))
         exchange_text = "yes (DLPack C exchange API)" if exchange else "no (__dlpack__ fallback)"
+        from .distributed import BACKEND
+
+        backend = (f"{BACKEND!r} for cpu and cuda (fastreduce {fastreduce.__version__}): "
+                   f"import fastreduce.distributed; dist.init_process_group({BACKEND!r})")
     except ImportError:
         torch_version, exchange_text = "not installed", "n/a (torch not installed)"
+        backend = "n/a (torch not installed)"
     try:
         cuda_runtime = _cuda.find_runtime()
     except RuntimeError:
@@ -64,6 +69,7 @@ def collect() -> dict:
         "GPU size table": paths["size table"],
         "progress engine": _engine_state(),
         "torch buffers": exchange_text,
+        "torch.distributed": backend,
         "rank": world.Get_rank(),
         "size": world.Get_size(),
         "local rank": runtime.local_rank(),

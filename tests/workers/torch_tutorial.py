@@ -1,0 +1,97 @@
+"""The programs of torch.distributed's introductory tutorial ("Writing Distributed
+Applications with PyTorch"), unchanged but for the backend name: init_process_group with
+MASTER_ADDR/MASTER_PORT, rank= and world_size= (torch's own env:// rendezvous), then
+point-to-point (blocking and non-blocking), all_reduce over a new_group, broadcast, reduce,
+all_gather, gather, scatter. Only the launcher differs: mpiexec starts the processes
+instead of torch.multiprocessing, so rank and size come from MPI here."""
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+from common import Failures
+from mpi4py import MPI
+
+import fastreduce.distributed  # noqa: F401  (registers the backend)
+
+f = Failures()
+BACKEND = "fastreduce"
+
+
+def init_process(rank, size, fn, backend=BACKEND):
+    """Initialize the distributed environment (as the tutorial does)."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = os.environ["TUTORIAL_PORT"]
+    dist.init_process_group(backend, rank=rank, world_size=size)
+    fn(rank, size)
+
+
+def blocking_p2p(rank, size):
+    tensor = torch.zeros(1)
+    if rank == 0:
+        tensor += 1
+        dist.send(tensor=tensor, dst=1)
+    else:
+        dist.recv(tensor=tensor, src=0)
+    f.check(tensor[0].item() == 1.0, f"blocking p2p: rank {rank} has {tensor[0]}")
+
+
+def nonblocking_p2p(rank, size):
+    tensor = torch.zeros(1)
+    if rank == 0:
+        tensor += 1
+        req = dist.isend(tensor=tensor, dst=1)
+    else:
+        req = dist.irecv(tensor=tensor, src=0)
+    req.wait()
+    f.check(tensor[0].item() == 1.0, f"non-blocking p2p: rank {rank} has {tensor[0]}")
+
+
+def all_reduce_group(rank, size):
+    group = dist.new_group([0, 1])
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    f.check(tensor[0].item() == 2.0, f"all_reduce over new_group: {tensor[0]}")
+
+
+def collectives(rank, size):
+    t = torch.tensor([float(rank)])
+    dist.broadcast(t, src=0)
+    f.check(t.item() == 0.0, f"broadcast: {t}")
+    t = torch.tensor([float(rank + 1)])
+    dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+    if rank == 0:
+        f.check(t.item() == size * (size + 1) / 2, f"reduce: {t}")
+    gathered = [torch.zeros(1) for _ in range(size)]
+    dist.all_gather(gathered, torch.tensor([float(rank)]))
+    f.check([g.item() for g in gathered] == list(map(float, range(size))), f"all_gather {gathered}")
+    out = [torch.zeros(1) for _ in range(size)] if rank == 0 else None
+    dist.gather(torch.tensor([float(rank)]), gather_list=out, dst=0)
+    if rank == 0:
+        f.check([g.item() for g in out] == list(map(float, range(size))), f"gather {out}")
+    piece = torch.zeros(1)
+    scatter_list = [torch.tensor([float(10 * i)]) for i in range(size)] if rank == 0 else None
+    dist.scatter(piece, scatter_list=scatter_list, src=0)
+    f.check(piece.item() == 10.0 * rank, f"scatter: {piece}")
+
+
+def run(rank, size):
+    blocking_p2p(rank, size)
+    nonblocking_p2p(rank, size)
+    all_reduce_group(rank, size)
+    collectives(rank, size)
+
+
+world = MPI.COMM_WORLD
+if world.rank == 0:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+else:
+    port = None
+os.environ["TUTORIAL_PORT"] = str(world.bcast(port, root=0))
+init_process(world.rank, world.size, run)
+f.check(dist.get_backend() == BACKEND, f"backend {dist.get_backend()}")
+dist.destroy_process_group()
+f.finish()
