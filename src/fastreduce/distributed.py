@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from urllib.parse import parse_qs, urlparse
 
 import torch
 import torch.distributed as dist
@@ -369,7 +370,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         engine on, at least FASTREDUCE_ENGINE_HOST_BYTES: every rank decides alike), on the
         progress engine's thread and its duplicate communicator."""
         if getattr(opts, "asyncOp", False) and _engine.state()[0] and \
-                0 <= _engine.host_bytes() <= nbytes and not any(t.is_cuda for t in inputs):
+                0 <= _engine.host_bytes() <= nbytes and not _any_cuda(inputs):
             dup = _collectives.engine_comm(self._comm)
             return Work(result, job=_engine.submit_call(lambda: call(dup)))
         call(self._comm)
@@ -477,7 +478,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 _unpack(target, outs)
 
         return self._start(opts, output_tensors, call,
-                           sum(_nbytes(x) for x in input_tensors) * self._size, input_tensors)
+                           sum(_nbytes(x) for x in input_tensors) * self._size,
+                           [input_tensors, output_tensors])
 
     def _allgather_base(self, output, input, opts=None) -> Work:
         opts = opts if opts is not None else _AllgatherOptions()
@@ -496,7 +498,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             comm.Allgather(send, [side(output), MPI.BYTE])
             side.write_back()
 
-        return self._start(opts, [output], call, _nbytes(output), [input])
+        return self._start(opts, [output], call, _nbytes(output), [input, output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         for o, x in zip(outputs, inputs, strict=True):
@@ -541,7 +543,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 side.tensor(output).div_(size)
             side.write_back()
 
-        return self._start(opts, [output], call, _nbytes(input), [input])
+        return self._start(opts, [output], call, _nbytes(input), [input, output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -576,7 +578,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             side.write_back()
             _unpack(target, outs)
 
-        return self._start(opts, output_tensors, call, _nbytes(x) * self._size, [x])
+        return self._start(opts, output_tensors, call, _nbytes(x) * self._size,
+                           [x, output_tensors])
 
     def scatter(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -603,7 +606,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 comm.Scatter([side(flat), MPI.BYTE], [side(out), MPI.BYTE], root=root)
             side.write_back()
 
-        return self._start(opts, output_tensors, call, _nbytes(out) * self._size, [out])
+        return self._start(opts, output_tensors, call, _nbytes(out) * self._size,
+                           [out, input_tensors])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
                       opts=None) -> Work:
@@ -622,7 +626,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                            [side(output), (recv_counts, _displs(recv_counts)), MPI.BYTE])
             side.write_back()
 
-        return self._start(opts, [output], call, _nbytes(input), [input])
+        return self._start(opts, [output], call, _nbytes(input), [input, output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None) -> Work:
         for name, ts in (("output_tensors", output_tensors), ("input_tensors", input_tensors)):
@@ -711,6 +715,11 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return tensors[0]
 
 
+def _any_cuda(tensors) -> bool:
+    """Whether any tensor in a (nested) list is on a GPU."""
+    return any(_any_cuda(t) if isinstance(t, (list, tuple)) else t.is_cuda for t in tensors)
+
+
 def _displs(counts: list[int]) -> list[int]:
     out, total = [], 0
     for c in counts:
@@ -781,14 +790,16 @@ def process_group(comm: MPI.Intracomm, ranks: Sequence[int] | None = None):
 
 def _mpi_rendezvous(url: str = "mpi://", timeout=None, **kwargs):
     """torch rendezvous handler: rank and world size from MPI; rank 0's TCPStore address
-    broadcast over MPI."""
+    broadcast over MPI. A rank or world size given to init_process_group must be MPI's."""
     world = _collectives.default_comm()
     rank, size = world.Get_rank(), world.Get_size()
+    given = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
     for key, mpi_value in (("rank", rank), ("world_size", size)):
-        given = kwargs.get(key, -1)
-        if given not in (-1, None) and given != mpi_value:
-            raise ValueError(f"fastreduce backend: {key}={given} but MPI says {mpi_value}; "
-                             f"leave {key} out under mpiexec/srun")
+        value = kwargs.get(key, given.get(key, "-1"))
+        if int(value) not in (-1, mpi_value):
+            raise ValueError(f"fastreduce backend: {key}={value} but MPI says {mpi_value} "
+                             f"(rank {rank} of {size} in fastreduce.default_comm()); leave "
+                             f"{key} out under mpiexec or srun")
     timeout = timeout or datetime.timedelta(minutes=30)
     if rank == 0:
         store = dist.TCPStore(socket.gethostname(), 0, size, is_master=True, timeout=timeout,

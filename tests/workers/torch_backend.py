@@ -14,9 +14,15 @@ import fastreduce
 import fastreduce.distributed as frd
 
 assert "MASTER_ADDR" not in os.environ and "RANK" not in os.environ, "test must run bare"
+f = Failures()
+me = fastreduce.default_comm().Get_rank()
+nranks = fastreduce.default_comm().Get_size()
+# a rank or world size that is not MPI's is refused before anything is made
+f.expect(ValueError, ["rank=", "MPI says", "leave rank out"],
+         lambda: dist.init_process_group("fastreduce", rank=me + 1, world_size=nranks + 1))
+f.check(not dist.is_initialized(), "a refused init_process_group left a group behind")
 dist.init_process_group("fastreduce")  # rank, size and rendezvous from MPI
 rank, size = dist.get_rank(), dist.get_world_size()
-f = Failures()
 faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, before the timeout
 f.check(rank == fastreduce.default_comm().Get_rank(), "torch rank is not the MPI rank")
 f.check(size == fastreduce.default_comm().Get_size(), "world size is not MPI's")
@@ -290,6 +296,25 @@ def check_subgroups():
     t = torch.tensor([float(rank)])
     dist.broadcast(t, group_src=size - 1, group=rev)
     f.check(t.item() == size - 1, f"reversed group broadcast {t}")
+    # groups made for every rank at once, and device meshes (both through new_group)
+    pairs = [list(range(i, min(i + 2, size))) for i in range(0, size, 2)]
+    mine, _ = dist.new_subgroups_by_enumeration(pairs)
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=mine)
+    pair = pairs[rank // 2]
+    f.check(t.item() == sum(pair), f"new_subgroups_by_enumeration all_reduce {t} for {pair}")
+    if size % 2 == 0:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
+        for dim in ("dp", "tp"):
+            group = mesh.get_group(dim)
+            f.check(isinstance(group, frd.ProcessGroupFastreduce), f"mesh {dim} group {group}")
+            t = torch.tensor([float(rank)])
+            dist.all_reduce(t, group=group)
+            peers = dist.get_process_group_ranks(group)
+            f.check(t.item() == sum(peers), f"mesh {dim} all_reduce {t} over {peers}")
+    # dist.split_group needs a C++ backend that splits (and an accelerator): not this one
     # a fastreduce partition's cached sub-communicator as a torch group
     if size >= 2 and size % 2 == 0:
         cart = fastreduce.Partition().create_cartesian_topology_partition([2, size // 2])
