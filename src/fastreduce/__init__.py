@@ -43,7 +43,7 @@ _TORCH_ATTRIBUTES = {
 def __getattr__(name: str):
     import importlib
 
-    if name in ("nn", "autograd", "gradsync", "bench", "info"):
+    if name in ("nn", "autograd", "gradsync", "bench", "info", "distributed"):
         value = importlib.import_module(f".{name}", __name__)
     elif name in _TORCH_ATTRIBUTES:
         module = importlib.import_module(f".{_TORCH_ATTRIBUTES[name]}", __name__)

@@ -65,6 +65,15 @@ def _op_of(reduce_op) -> tuple[str, object]:
     return name, factor
 
 
+def _premultiply(tensors: Sequence, factor) -> None:
+    """PREMUL_SUM's first half: every tensor times factor, once all are known to be valid."""
+    for i, t in enumerate(tensors):
+        _check_tensor(t, f"tensors[{i}]")
+        _collectives.mpi_reduction(t, "sum")  # a dtype SUM refuses is refused before any change
+    for t in tensors:
+        t.mul_(factor)
+
+
 def _check_tensor(t, what: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"fastreduce backend: {what} must be a torch.Tensor, not "
@@ -390,10 +399,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         else:
             op, factor = _op_of(reduce_op)
             if factor is not None:
-                for i, t in enumerate(tensors):
-                    _check_tensor(t, f"tensors[{i}]")
-                for t in tensors:
-                    t.mul_(factor)
+                _premultiply(tensors, factor)
         if len(tensors) == 1 and opts.asyncOp and _engine.state()[0]:
             t = tensors[0]
             if t.is_cuda or 0 <= _engine.host_bytes() <= t.nbytes:
@@ -412,8 +418,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         for i, t in enumerate(tensors):
             _check_tensor(t, f"tensors[{i}]")
         if factor is not None:
-            for t in tensors:
-                t.mul_(factor)
+            _premultiply(tensors, factor)
         _collectives.allreduce_coalesced_(list(tensors), op, comm=self._comm)
         return Work(list(tensors))
 
@@ -443,8 +448,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         handles = [_collectives.mpi_reduction(t, op) for t in tensors]
         tensors = list(tensors)
         if factor is not None:
-            for t in tensors:
-                t.mul_(factor)
+            _premultiply(tensors, factor)
 
         def call(comm):
             side = _HostSide(reads=tensors, writes=tensors if self._rank == root else ())
