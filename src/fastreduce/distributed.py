@@ -37,6 +37,7 @@ _AllgatherOptions = torch._C._distributed_c10d.AllgatherOptions  # not in torch.
 
 _RedOpType = dist.ReduceOp.RedOpType
 _SUM = dist.ReduceOp.SUM
+_STRIDED = torch.strided
 _OP_NAMES = {
     _RedOpType.SUM: "sum",
     _RedOpType.AVG: "avg",
@@ -78,15 +79,15 @@ def _check_tensor(t, what: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"fastreduce backend: {what} must be a torch.Tensor, not "
                         f"{type(t).__qualname__}")
-    if not t.is_contiguous():
-        raise BufferError(f"fastreduce backend: {what} (shape {tuple(t.shape)}) is not "
-                          f"contiguous; call .contiguous() first (and copy the result back)")
+    if t.layout != torch.strided or t.is_quantized:
+        raise BackendError(f"fastreduce backend: {what} has layout {t.layout}"
+                           f"{' (quantized)' if t.is_quantized else ''}; give a dense tensor")
     if t.device.type not in ("cpu", "cuda"):
         raise BackendError(f"fastreduce backend: {what} is on {t.device}; the backend takes "
                            f"cpu and cuda tensors")
-    if t.is_sparse or t.is_quantized:
-        raise BackendError(f"fastreduce backend: {what} is sparse or quantized; give a dense "
-                           f"tensor")
+    if not t.is_contiguous():
+        raise BufferError(f"fastreduce backend: {what} (shape {tuple(t.shape)}) is not "
+                          f"contiguous; call .contiguous() first (and copy the result back)")
 
 
 def _nbytes(t) -> int:
@@ -400,6 +401,9 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             op, factor = _op_of(reduce_op)
             if factor is not None:
                 _premultiply(tensors, factor)
+        for i, t in enumerate(tensors):
+            if t.layout != _STRIDED:  # the core would see no memory at all
+                _check_tensor(t, f"tensors[{i}]")
         if len(tensors) == 1 and opts.asyncOp and _engine.state()[0]:
             t = tensors[0]
             if t.is_cuda or 0 <= _engine.host_bytes() <= t.nbytes:

@@ -344,6 +344,10 @@ def check_bad_input():
     f.expect(ValueError, ["input_split_sizes"],
              lambda: dist.all_to_all_single(torch.empty(size), torch.empty(size),
                                             [1] * size, [2] * size), x)
+    f.expect(frd.BackendError, ["layout", "dense"],
+             lambda: dist.all_reduce(torch.eye(3).to_sparse()))
+    f.expect(frd.BackendError, ["meta", "cpu and cuda"],
+             lambda: dist.broadcast(torch.empty(3, device="meta"), src=0))
     # a failed call leaves the group usable
     t = make(rank, (2,), torch.int64)
     dist.all_reduce(t)
