@@ -15,6 +15,7 @@ import torch
 from mpi4py import MPI
 
 from ._collectives import allreduce, default_comm
+from .ops import comm_constant, comm_id  # registers the custom ops
 from .partition import CartesianPartition, Partition
 
 __all__ = ["all_reduce", "all_sum_reduce", "set_consistency_checks", "zero_volume_tensor"]
@@ -86,6 +87,12 @@ class AllReduceFunction(torch.autograd.Function):
         return grad, None, None, None
 
 
+# True only while dynamo traces (torch.compile): the layers then call fastreduce's custom
+# ops (fastreduce.ops), which it can put in a graph; eager calls skip them (and the cost of
+# torch's dispatcher). One call costs about 0.03 us.
+_compiling = torch.compiler.is_dynamo_compiling
+
+
 def _needs_grad(x: torch.Tensor) -> bool:
     return x.requires_grad and torch.is_grad_enabled()
 
@@ -98,7 +105,8 @@ def sum_over(x: torch.Tensor, comm: MPI.Comm, active: bool, identity: bool,
     """
     if (active and not identity and not (x.requires_grad and torch.is_grad_enabled())
             and not _check_consistency and x.is_contiguous()):
-        return allreduce(x, "sum", comm=comm)  # the steady state without autograd
+        if not _compiling():
+            return allreduce(x, "sum", comm=comm)  # the steady state without autograd
     if not active:
         if x.numel() != 0:
             raise ValueError(f"fastreduce: {what}: this worker is not in the partition, so x "
@@ -109,6 +117,8 @@ def sum_over(x: torch.Tensor, comm: MPI.Comm, active: bool, identity: bool,
         return x.clone()
     if _check_consistency:
         _check_same_everywhere(x, comm, what)
+    if _compiling():  # the custom op dynamo traces (its autograd formula is the same)
+        return _sum_by_number(x, comm_id(comm), active, identity, what)
     if _needs_grad(x):
         return AllSumReduceFunction.apply(x, comm)
     return _contiguous_allreduce(x, "sum", comm)
@@ -120,25 +130,56 @@ def all_sum_reduce(x: torch.Tensor, P: Partition, axes) -> torch.Tensor:
     Not in place: x is untouched, and an identity reduction returns a clone.
     """
     key = tuple(axes)
+    if _compiling():
+        # id(P) makes dynamo guard on this partition; the set-up (MPI calls) runs once,
+        # while tracing, and the graph keeps its answer
+        number, active, identity = _sum_plan_constant(id(P), P, key)
+        return _sum_by_number(x, number, active, identity, "all_sum_reduce")
     found = _reducers.get((id(P), key))
     if found is not None and found[0] is P:
         _, comm, identity = found
-        return sum_over(x, comm, P.active, identity, "all_sum_reduce")
+    else:
+        comm, identity = _sum_plan(P, key)
+    return sum_over(x, comm, P.active, identity, "all_sum_reduce")
+
+
+def _sum_plan(P: Partition, key: tuple) -> tuple:
+    """(communicator, identity) of all_sum_reduce over P's axes `key` (cached)."""
     if not isinstance(P, CartesianPartition):
         if not isinstance(P, Partition):
             raise TypeError(f"fastreduce: P must be a fastreduce Partition, not "
                             f"{type(P).__qualname__}")
-        if tuple(axes) not in ((), (0,)):
-            raise ValueError(f"fastreduce: axes {tuple(axes)} need a CartesianPartition; "
+        if key not in ((), (0,)):
+            raise ValueError(f"fastreduce: axes {key} need a CartesianPartition; "
                              f"a plain Partition has the one axis 0")
-        identity = not tuple(axes) or P.size == 1
-        return sum_over(x, P.comm, P.active, identity, "all_sum_reduce")
-    comm = P.sub(P.normalize_axes(axes))
+        return P.comm, not key or P.size == 1
+    comm = P.sub(P.normalize_axes(key))
     identity = not P.active or comm.Get_size() == 1
     if len(_reducers) > 4096:  # partitions come and go in long runs: keep this bounded
         _reducers.clear()
     _reducers[(id(P), key)] = (P, comm, identity)
-    return sum_over(x, comm, P.active, identity, "all_sum_reduce")
+    return comm, identity
+
+
+@torch.compiler.assume_constant_result
+def _sum_plan_constant(_identity: int, P: Partition, key: tuple) -> tuple:
+    """_sum_plan's answer as numbers a graph can hold: (comm number, active, identity)."""
+    comm, identity = _sum_plan(P, key)
+    return (-1 if identity else comm_id(comm)), bool(P.active), bool(identity)
+
+
+def _sum_by_number(x: torch.Tensor, number: int, active: bool, identity: bool,
+                   what: str) -> torch.Tensor:
+    """sum_over while compiling: the custom op on the communicator numbered `number`."""
+    if not active:
+        if x.numel() != 0:
+            raise ValueError(f"fastreduce: {what}: this worker is not in the partition, so x "
+                             f"must be a zero-volume tensor (fastreduce.zero_volume_tensor()), "
+                             f"not shape {list(x.shape)}")
+        return x.clone()
+    if identity:
+        return x.clone()
+    return torch.ops.fastreduce.all_sum_reduce(x, number)
 
 
 # (id(partition), axes as given) -> (partition, sub-communicator, identity): the
@@ -166,6 +207,11 @@ def all_reduce(x: torch.Tensor, comm: MPI.Comm | None = None, op: str = "sum",
     A group of one worker returns x itself both ways.
     """
     check_all_reduce_args(op, backward)
+    if _compiling():
+        number, size = comm_constant(id(comm), comm)
+        if size == 1:
+            return x
+        return torch.ops.fastreduce.all_reduce(x, op, number, backward == "sum")
     comm = default_comm() if comm is None else comm
     if comm.Get_size() == 1:
         return x
@@ -177,6 +223,8 @@ def reduce_tensor_parallel(x: torch.Tensor, comm: MPI.Comm, op: str,
     """The forward of AllReduce over a group of more than one worker."""
     if _check_consistency:
         _check_same_everywhere(x, comm, "AllReduce")
+    if _compiling():
+        return torch.ops.fastreduce.all_reduce(x, op, comm_id(comm), reduce_grad)
     if _needs_grad(x):
         return AllReduceFunction.apply(x, comm, op, reduce_grad)
     return _contiguous_allreduce(x, op, comm)

@@ -7,6 +7,7 @@ from mpi4py import MPI
 
 from ._collectives import default_comm
 from .autograd import check_all_reduce_args, reduce_tensor_parallel, sum_over
+from .ops import comm_id
 from .partition import CartesianPartition
 
 __all__ = ["AllReduce", "AllSumReduce"]
@@ -37,6 +38,8 @@ class AllSumReduce(torch.nn.Module):
         self.axes_reduce = axes
         self.comm = P.sub(axes)
         self._identity = not P.active or self.comm.Get_size() == 1
+        if not self._identity:
+            comm_id(self.comm)  # named for torch.compile's custom op now, not while tracing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return sum_over(x, self.comm, self.P.active, self._identity, "AllSumReduce")
@@ -56,6 +59,8 @@ class AllReduce(torch.nn.Module):
         self.op = op
         self.backward_mode = backward
         self.size = self.comm.Get_size()
+        if self.size > 1:
+            comm_id(self.comm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:

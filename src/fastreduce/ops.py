@@ -1,0 +1,159 @@
+"""fastreduce's torch operations as torch.library custom ops, so torch.compile traces them.
+
+Custom ops take tensors, numbers and strings, not communicators: a call names its
+communicator by a small integer from `comm_id(comm)` (a process-local registry that keeps
+the mpi4py object), the way torch's functional collectives name a process group by a
+registered string. The layers (fastreduce.nn, fastreduce.autograd) call these ops only
+while dynamo is tracing; eager calls keep their direct path into the core.
+
+    torch.ops.fastreduce.allreduce(x, "sum", comm_id(comm))      # new tensor
+    torch.ops.fastreduce.allreduce_(x, "sum", comm_id(comm))     # in place
+    torch.ops.fastreduce.all_sum_reduce(x, comm_id(comm))        # self-adjoint backward
+    torch.ops.fastreduce.all_reduce(x, op, comm_id(comm), reduce_grad)
+                                                 # backward: identity, or the same all-reduce
+
+Every op is tagged cudagraph_unsafe: inductor never records an MPI call into a CUDA graph
+(mode="reduce-overhead" leaves the graphs that hold one uncaptured); the core's stream
+capture check is the backstop.
+"""
+
+from __future__ import annotations
+
+import torch
+from mpi4py import MPI
+
+from . import _collectives
+from ._collectives import default_comm
+
+__all__ = ["allreduce", "allreduce_", "comm_id", "communicator"]
+
+_comms: list[MPI.Comm] = []        # id -> communicator (kept alive)
+_ids: dict[int, int] = {}          # id(communicator object) -> id
+
+
+def comm_id(comm: MPI.Comm | None = None) -> int:
+    """The number custom ops name `comm` by (registered at the first call; the default
+    communicator when None)."""
+    comm = default_comm() if comm is None else comm
+    found = _ids.get(id(comm))
+    if found is not None and _comms[found] is comm:
+        return found
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"fastreduce: a communicator must be an mpi4py Comm, not "
+                        f"{type(comm).__qualname__}")
+    # No lock (dynamo cannot trace one, and the layers may register while tracing): under
+    # the GIL two threads registering one communicator at once at worst give it two numbers.
+    _comms.append(comm)
+    number = len(_comms) - 1
+    _ids[id(comm)] = number
+    return number
+
+
+@torch.compiler.assume_constant_result
+def comm_constant(_identity: int, comm: MPI.Comm | None) -> tuple:
+    """(comm_id(comm), its size), computed once while dynamo traces and kept in the graph
+    as constants; callers pass id(comm) first, which makes dynamo guard on the object."""
+    comm = default_comm() if comm is None else comm
+    return comm_id(comm), comm.Get_size()
+
+
+def communicator(number: int) -> MPI.Comm:
+    """The communicator comm_id() gave `number` to."""
+    if not 0 <= number < len(_comms):
+        raise ValueError(f"fastreduce: no communicator was registered as {number}; name "
+                         f"communicators with fastreduce.ops.comm_id(comm)")
+    return _comms[number]
+
+
+def _reduced(x: torch.Tensor, op: str, number: int) -> torch.Tensor:
+    """A new tensor: x reduced over the communicator (x made contiguous first if it is not)."""
+    comm = communicator(number)
+    return _collectives.allreduce(x if x.is_contiguous() else x.contiguous(), op, comm=comm)
+
+
+def _number(comm: MPI.Comm | None) -> int:
+    if torch.compiler.is_dynamo_compiling():
+        return comm_constant(id(comm), comm)[0]
+    return comm_id(comm)
+
+
+def allreduce(x: torch.Tensor, op: str = "sum", *, comm: MPI.Comm | None = None):
+    """fastreduce.allreduce of a torch tensor as a custom op (traceable; a new tensor)."""
+    return torch.ops.fastreduce.allreduce(x, op, _number(comm))
+
+
+def allreduce_(x: torch.Tensor, op: str = "sum", *, comm: MPI.Comm | None = None):
+    """fastreduce.allreduce_ of a torch tensor as a custom op (traceable; in place)."""
+    torch.ops.fastreduce.allreduce_(x, op, _number(comm))
+    return x
+
+
+_UNSAFE = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+# --- all-reduce of a tensor: out of place and in place (no autograd formula) ------------
+
+@torch.library.custom_op("fastreduce::allreduce", mutates_args=(), tags=_UNSAFE)
+def _allreduce_op(x: torch.Tensor, op: str, comm: int) -> torch.Tensor:
+    return _reduced(x, op, comm)
+
+
+@_allreduce_op.register_fake
+def _(x, op, comm):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("fastreduce::allreduce_", mutates_args=("x",), tags=_UNSAFE)
+def _allreduce_inplace_op(x: torch.Tensor, op: str, comm: int) -> None:
+    _collectives.allreduce_(x, op, comm=communicator(comm))
+
+
+@_allreduce_inplace_op.register_fake
+def _(x, op, comm):
+    return None
+
+
+# --- the differentiable layers' reductions --------------------------------------------
+
+@torch.library.custom_op("fastreduce::all_sum_reduce", mutates_args=(), tags=_UNSAFE)
+def _all_sum_reduce_op(x: torch.Tensor, comm: int) -> torch.Tensor:
+    return _reduced(x, "sum", comm)
+
+
+@_all_sum_reduce_op.register_fake
+def _(x, comm):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _sum_setup(ctx, inputs, output):
+    ctx.comm = inputs[1]
+
+
+def _sum_backward(ctx, grad):
+    return torch.ops.fastreduce.all_sum_reduce(grad, ctx.comm), None  # self-adjoint
+
+
+_all_sum_reduce_op.register_autograd(_sum_backward, setup_context=_sum_setup)
+
+
+@torch.library.custom_op("fastreduce::all_reduce", mutates_args=(), tags=_UNSAFE)
+def _all_reduce_op(x: torch.Tensor, op: str, comm: int, reduce_grad: bool) -> torch.Tensor:
+    return _reduced(x, op, comm)
+
+
+@_all_reduce_op.register_fake
+def _(x, op, comm, reduce_grad):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _tp_setup(ctx, inputs, output):
+    _, ctx.op, ctx.comm, ctx.reduce_grad = inputs
+
+
+def _tp_backward(ctx, grad):
+    if ctx.reduce_grad:
+        grad = torch.ops.fastreduce.all_reduce(grad, ctx.op, ctx.comm, True)
+    return grad, None, None, None
+
+
+_all_reduce_op.register_autograd(_tp_backward, setup_context=_tp_setup)
