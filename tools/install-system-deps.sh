@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The system packages the Slurm tests need (Debian/Ubuntu, as root): a single-node
+# The system packages the tests need (Debian/Ubuntu, as root): g++ for torch.compile's
+# CPU code (inductor), and for the Slurm tests a single-node
 # Slurm and the system Open MPI that speaks PMIx to it. Without root this says so and
 # does nothing; the Slurm tests then skip with the reason (outside CI).
 set -euo pipefail
-packages=(slurmctld slurmd slurm-client libpmix2 libpmix-dev openmpi-bin libopenmpi-dev)
+packages=(slurmctld slurmd slurm-client libpmix2 libpmix-dev openmpi-bin libopenmpi-dev g++)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
