@@ -16,11 +16,10 @@ Latencies are averages over ranks, medians over runs; ratios are taken within ea
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
-import time
+from pathlib import Path
 
 import torch
 from mpi4py import MPI
@@ -29,15 +28,13 @@ import fastreduce
 from fastreduce._abi import first_line
 from fastreduce.nn import AllSumReduce
 
+sys.path.insert(0, str(Path(__file__).parent))
+import layers_bench  # noqa: E402
+
 
 def timed(comm, fn, iters: int) -> float:
-    for _ in range(max(3, iters // 10)):
-        fn()
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in itertools.repeat(None, iters):
-        fn()
-    return comm.allreduce(time.perf_counter() - start) / comm.Get_size() / iters
+    """Seconds per call, averaged over the ranks."""
+    return comm.allreduce(layers_bench.timed(comm, fn, iters)) / comm.Get_size()
 
 
 class Model(torch.nn.Module):

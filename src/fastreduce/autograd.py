@@ -103,22 +103,18 @@ def sum_over(x: torch.Tensor, comm: MPI.Comm, active: bool, identity: bool,
 
     `identity`: comm has one worker, so the sum is x itself (returned as a clone).
     """
+    if _compiling():  # the custom op dynamo traces (its autograd formula is the same)
+        if _check_consistency and active and not identity:
+            _check_same_everywhere(x, comm, what)  # an MPI call: a graph break
+        number = comm_id(comm) if active and not identity else -1
+        return _sum_by_number(x, number, active, identity, what)
     if (active and not identity and not (x.requires_grad and torch.is_grad_enabled())
             and not _check_consistency and x.is_contiguous()):
-        if not _compiling():
-            return allreduce(x, "sum", comm=comm)  # the steady state without autograd
-    if not active:
-        if x.numel() != 0:
-            raise ValueError(f"fastreduce: {what}: this worker is not in the partition, so x "
-                             f"must be a zero-volume tensor (fastreduce.zero_volume_tensor()), "
-                             f"not shape {list(x.shape)}")
-        return x.clone()
-    if identity:
-        return x.clone()
+        return allreduce(x, "sum", comm=comm)  # the steady state without autograd
+    if not active or identity:
+        return _sum_by_number(x, -1, active, identity, what)  # no MPI call: a clone
     if _check_consistency:
         _check_same_everywhere(x, comm, what)
-    if _compiling():  # the custom op dynamo traces (its autograd formula is the same)
-        return _sum_by_number(x, comm_id(comm), active, identity, what)
     if _needs_grad(x):
         return AllSumReduceFunction.apply(x, comm)
     return _contiguous_allreduce(x, "sum", comm)
@@ -170,7 +166,8 @@ def _sum_plan_constant(_identity: int, P: Partition, key: tuple) -> tuple:
 
 def _sum_by_number(x: torch.Tensor, number: int, active: bool, identity: bool,
                    what: str) -> torch.Tensor:
-    """sum_over while compiling: the custom op on the communicator numbered `number`."""
+    """sum_over by communicator number: a clone on inactive workers (x must be zero-volume)
+    and for identity reductions, else the custom op (what dynamo traces)."""
     if not active:
         if x.numel() != 0:
             raise ValueError(f"fastreduce: {what}: this worker is not in the partition, so x "
