@@ -27,6 +27,7 @@ from ._collectives import (  # noqa: E402
 from ._errors import build_mpi  # noqa: E402
 from ._ops import OP_NAMES, half_precision_paths, supports  # noqa: E402
 from ._version import __version__  # noqa: E402
+from .checks import CollectiveMismatch  # noqa: E402
 from .gpupath import CalibrationError  # noqa: E402
 from .partition import CartesianPartition, Partition  # noqa: E402
 from .runtime import cuda_aware, local_rank, local_size, set_cuda_aware  # noqa: E402
@@ -57,6 +58,7 @@ def __getattr__(name: str):
 __all__ = [
     "CalibrationError",
     "CartesianPartition",
+    "CollectiveMismatch",
     "GradientSync",
     "HAVE_LARGE_COUNT",
     "Request",

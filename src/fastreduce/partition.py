@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from mpi4py import MPI
 
 from ._collectives import default_comm
+from .checks import agree
 
 __all__ = ["CartesianPartition", "Partition"]
 
@@ -97,18 +98,28 @@ class Partition:
         return f"{type(self).__name__}({state})"
 
     def create_partition_inclusive(self, ranks: Iterable) -> Partition:
-        """A Partition of the given ranks of this one (collective over them); others: inactive."""
-        ranks = _as_int_list(ranks, "ranks")
-        if not ranks:
-            raise ValueError("fastreduce: create_partition_inclusive needs at least one rank")
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"fastreduce: ranks {ranks} repeat a rank")
+        """A Partition of the given ranks of this one (collective over this partition: every
+        worker passes the same ranks); the others get an inactive one."""
+        error = None
+        try:
+            ranks = _as_int_list(ranks, "ranks")
+            if not ranks:
+                raise ValueError("fastreduce: create_partition_inclusive needs at least one "
+                                 "rank")
+            if len(set(ranks)) != len(ranks):
+                raise ValueError(f"fastreduce: ranks {ranks} repeat a rank")
+            outside = [r for r in ranks if not 0 <= r < self.size]
+            if outside:
+                raise ValueError(f"fastreduce: ranks {outside} are not in this partition of "
+                                 f"{self.size} workers (valid: 0..{self.size - 1})")
+        except (TypeError, ValueError) as exc:
+            error = exc
         if not self.active:
+            if error is not None:
+                raise error
             return Partition(MPI.COMM_NULL)
-        outside = [r for r in ranks if not 0 <= r < self.size]
-        if outside:
-            raise ValueError(f"fastreduce: ranks {outside} are not in this partition of "
-                             f"{self.size} workers (valid: 0..{self.size - 1})")
+        agree(self._comm, "create_partition_inclusive",
+              {"ranks": None if error is not None else ranks}, error)
         if self.rank not in ranks:
             return Partition(MPI.COMM_NULL)
         group = self._comm.Get_group()
@@ -135,9 +146,12 @@ class Partition:
             raise ValueError(f"fastreduce: periods {periods} and shape {shape} differ in length")
         if not self.active:
             return CartesianPartition(MPI.COMM_NULL, shape)
+        error = None
         if math.prod(shape) > self.size:
-            raise ValueError(f"fastreduce: shape {shape} needs {math.prod(shape)} workers but "
-                             f"this partition has {self.size}")
+            error = ValueError(f"fastreduce: shape {shape} needs {math.prod(shape)} workers "
+                               f"but this partition has {self.size}")
+        agree(self._comm, "create_cartesian_topology_partition",
+              {"shape": shape, "periods": periods}, error)
         comm = self._comm.Create_cart(shape, periods=periods, reorder=False)
         return CartesianPartition(comm, shape)
 
@@ -192,6 +206,9 @@ class CartesianPartition(Partition):
         if len(key) == self.dim:
             comm = self._comm  # every axis: the partition itself
         else:
+            # MPI_Cart_sub with different axes on different ranks (e.g. layers built in a
+            # rank-dependent order) crashes some MPIs: agree first, raise everywhere
+            agree(self._comm, "a sub-communicator (MPI_Cart_sub)", {"axes": list(key)})
             comm = self._comm.Sub([axis in key for axis in range(self.dim)])
             comm.Set_errhandler(MPI.ERRORS_RETURN)
         subs[key] = comm
@@ -209,7 +226,6 @@ class CartesianPartition(Partition):
         shape = [self.shape[axis] for axis in axes]
         if not shape:
             raise ValueError("fastreduce: remain_dims keeps no axis")
-        comm = self.sub(axes)
-        if comm == self._comm:
+        if len(axes) == self.dim:  # every axis kept: this partition (active or not)
             return self
-        return CartesianPartition(comm, shape)
+        return CartesianPartition(self.sub(axes), shape)  # inactive here: COMM_NULL
