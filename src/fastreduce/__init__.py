@@ -27,10 +27,12 @@ from ._collectives import (  # noqa: E402
 from ._errors import build_mpi  # noqa: E402
 from ._ops import OP_NAMES, half_precision_paths, supports  # noqa: E402
 from ._version import __version__  # noqa: E402
-from .checks import CollectiveMismatch  # noqa: E402
+from .checks import CollectiveMismatch, set_debug  # noqa: E402
 from .gpupath import CalibrationError  # noqa: E402
 from .partition import CartesianPartition, Partition  # noqa: E402
 from .runtime import cuda_aware, local_rank, local_size, set_cuda_aware  # noqa: E402
+
+set_debug(None)  # FASTREDUCE_DEBUG
 
 # The torch layers load torch only when first used, so the core works without it.
 _TORCH_ATTRIBUTES = {
@@ -80,6 +82,7 @@ __all__ = [
     "local_size",
     "result_cache_info",
     "set_cuda_aware",
+    "set_debug",
     "set_result_cache_limit",
     "supports",
     "wait_all",

@@ -101,12 +101,39 @@ cdef inline object _prepare_out(object x, object out, BufferView* view, BufferVi
     return out
 
 
+# --- debug mode (FASTREDUCE_DEBUG=1, fastreduce.set_debug): every rank agrees on each call
+cdef bint _debug = False
+
+
+def _set_debug(bint on) -> None:
+    global _debug
+    _debug = on
+
+
+cdef str _op_label(object op):
+    """The op as every rank names it (an mpi4py Op by its handle number, not its address)."""
+    return op if isinstance(op, str) else f"MPI.Op {op.py2f()}"
+
+
+cdef int _debug_check(object comm, str call, BufferView* view, object op) except -1:
+    """Debug mode: the ranks of comm agree on this call's fingerprint (checks.fingerprint)."""
+    from ._ops import KIND_NAMES
+    from .checks import fingerprint
+
+    fingerprint(default_comm() if comm is None else comm, call, count=view.count,
+                dtype=KIND_NAMES[view.kind], op=_op_label(op),
+                device=device_name(view.device_type, view.device_id).split(":")[0])
+    return 0
+
+
 def allreduce_(x, op="sum", *, comm=None):
     """Reduce x over all ranks of comm in place (MPI_IN_PLACE) and return x."""
     cdef BufferView view
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     _owner = _prepare(x, op, comm, True, &view, &handle, &red)
+    if _debug:
+        _debug_check(comm, "allreduce_", &view, op)
     if not view.on_device:
         _run(MPI_IN_PLACE, view.data, view.count, red, handle)
     else:
@@ -134,6 +161,8 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     _owner = _prepare(x, op, comm, False, &view, &handle, &red)
     out = _prepare_out(x, out, &view, &result)
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
+    if _debug:
+        _debug_check(comm, "allreduce", &view, op)
     if not view.on_device:
         _run(sendbuf, result.data, view.count, red, handle)
     else:
@@ -397,6 +426,8 @@ def iallreduce_(x, op="sum", *, comm=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
+    if _debug:
+        _debug_check(comm, "iallreduce_", &view, op)
     if view.on_device:
         return _device_start(&view, &view, MPI_IN_PLACE, red, handle, comm, x, (x, owner))
     if host_enabled(view.count * red.itemsize):
@@ -414,6 +445,8 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     owner = _prepare(x, op, comm, False, &view, &handle, &red)
     out = _prepare_out(x, out, &view, &result)
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
+    if _debug:
+        _debug_check(comm, "iallreduce", &view, op)
     if view.on_device:
         return _device_start(&view, &result, sendbuf, red, handle, comm, out,
                              (x, owner, out))
@@ -694,6 +727,15 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
             if reds[views[i].kind] == NULL:
                 reds[views[i].kind] = get_reduction(views[i].kind, code)
             counts[views[i].kind] += views[i].count
+        if _debug:
+            from ._ops import KIND_NAMES
+            from .checks import fingerprint
+
+            fingerprint(default_comm() if comm is None else comm, "allreduce_coalesced_",
+                        counts={KIND_NAMES[k]: counts[k] for k in range(NKINDS)
+                                if reds[k] != NULL},
+                        op=_op_label(op),
+                        device=device_name(views[0].device_type, 0).split(":")[0])
         if views[0].on_device:
             for i in range(n):
                 if i == 0 or views[i].stream != views[0].stream:

@@ -9,9 +9,11 @@ CollectiveMismatch when the descriptions differ, or when any rank refused its ar
 
 from __future__ import annotations
 
+import os
+
 from mpi4py import MPI
 
-__all__ = ["CollectiveMismatch", "agree"]
+__all__ = ["CollectiveMismatch", "agree", "debug", "fingerprint", "set_debug"]
 
 
 class CollectiveMismatch(RuntimeError):
@@ -64,7 +66,61 @@ def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None =
         seen = ", ".join(f"{_ranks_text(ranks)} passed {value}"
                          for value, ranks in by_value.items())
         parts.append(f"{key}: {seen}")
+    # the same text on every rank: name the call only where every rank made it
+    called = "made different calls" if "call" in differences else f"called {what} differently"
     raise CollectiveMismatch(
-        f"fastreduce: the ranks of a communicator of {comm.Get_size()} called {what} "
-        f"differently ({'; '.join(parts)}); every rank must make the same collective calls "
-        f"in the same order with the same arguments", differences)
+        f"fastreduce: the ranks of a communicator of {comm.Get_size()} {called} "
+        f"({'; '.join(parts)}); every rank must make the same collective calls in the same "
+        f"order with the same arguments", differences)
+
+
+# --- debug mode ---------------------------------------------------------------------------
+
+_debug = False
+_sequence_keyval: int | None = None
+
+
+def set_debug(on: bool | None) -> bool:
+    """Debug mode on or off (None: as FASTREDUCE_DEBUG says); returns the previous setting.
+
+    In debug mode every collective fastreduce issues (allreduce in every form, coalesced,
+    GradientSync's buckets, the layers, the torch.distributed backend) is preceded by one
+    small collective on its communicator in which the ranks compare a fingerprint: a
+    per-communicator sequence number, the call, element count, dtype, op and device. Any
+    difference raises CollectiveMismatch on every rank instead of a hang, a crash or wrong
+    data. Every rank must use the same setting."""
+    global _debug
+    from . import _collectives
+
+    old = _debug
+    if on is None:
+        text = os.environ.get("FASTREDUCE_DEBUG", "").strip()
+        if text not in ("", "0", "1"):
+            raise ValueError(f"FASTREDUCE_DEBUG={text!r}: use 0 or 1")
+        on = text == "1"
+    _debug = bool(on)
+    _collectives._set_debug(_debug)
+    return old
+
+
+def debug() -> bool:
+    """Whether debug mode is on."""
+    return _debug
+
+
+def _next_sequence(comm: MPI.Comm) -> int:
+    """This communicator's count of checked collectives (kept in an MPI attribute)."""
+    global _sequence_keyval
+    if _sequence_keyval is None:
+        _sequence_keyval = MPI.Comm.Create_keyval()
+    counter = comm.Get_attr(_sequence_keyval)
+    if counter is None:
+        counter = [0]
+        comm.Set_attr(_sequence_keyval, counter)
+    counter[0] += 1
+    return counter[0]
+
+
+def fingerprint(comm: MPI.Comm, call: str, **fields) -> None:
+    """Debug mode: the ranks of comm agree on this call (see set_debug)."""
+    agree(comm, call, {"sequence number": _next_sequence(comm), **fields})

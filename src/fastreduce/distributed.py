@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import _collectives, _engine
+from . import _collectives, _engine, checks
 from ._version import __version__
 
 BACKEND = "fastreduce"
@@ -374,11 +374,15 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
     # -- running an operation: now, or on the progress engine --
 
-    def _start(self, opts, result: list, call: Callable[[MPI.Intracomm], None],
+    def _start(self, name: str, opts, result: list, call: Callable[[MPI.Intracomm], None],
                nbytes: int, inputs: Sequence) -> Work:
         """call(comm) now; or, for a non-blocking operation on host tensors (asyncOp, the
         engine on, at least FASTREDUCE_ENGINE_HOST_BYTES: every rank decides alike), on the
-        progress engine's thread and its duplicate communicator."""
+        progress engine's thread and its duplicate communicator. In debug mode the ranks
+        first agree on the operation and its size."""
+        if checks._debug:
+            checks.fingerprint(self._comm, name, bytes=nbytes,
+                               root=getattr(opts, "rootRank", None))
         if getattr(opts, "asyncOp", False) and _engine.state()[0] and \
                 0 <= _engine.host_bytes() <= nbytes and not _any_cuda(inputs):
             dup = _collectives.engine_comm(self._comm)
@@ -441,7 +445,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 comm.Bcast([side(t), MPI.BYTE], root=root)
             side.write_back()
 
-        return self._start(opts, tensors, call, sum(_nbytes(t) for t in tensors), tensors)
+        return self._start("broadcast", opts, tensors, call, sum(_nbytes(t) for t in tensors),
+                           tensors)
 
     def reduce(self, tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -466,7 +471,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                     comm.Reduce(buf, None, op=mpi_op, root=root)
             side.write_back()
 
-        return self._start(opts, tensors, call, sum(_nbytes(t) for t in tensors), tensors)
+        return self._start("reduce", opts, tensors, call, sum(_nbytes(t) for t in tensors),
+                           tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else _AllgatherOptions()
@@ -485,7 +491,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 side.write_back()
                 _unpack(target, outs)
 
-        return self._start(opts, output_tensors, call,
+        return self._start("allgather", opts, output_tensors, call,
                            sum(_nbytes(x) for x in input_tensors) * self._size,
                            [input_tensors, output_tensors])
 
@@ -506,7 +512,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             comm.Allgather(send, [side(output), MPI.BYTE])
             side.write_back()
 
-        return self._start(opts, [output], call, _nbytes(output), [input, output])
+        return self._start("all_gather_into_tensor", opts, [output], call, _nbytes(output),
+                           [input, output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         for o, x in zip(outputs, inputs, strict=True):
@@ -551,7 +558,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 side.tensor(output).div_(size)
             side.write_back()
 
-        return self._start(opts, [output], call, _nbytes(input), [input, output])
+        return self._start("reduce_scatter_tensor", opts, [output], call, _nbytes(input),
+                           [input, output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -586,7 +594,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             side.write_back()
             _unpack(target, outs)
 
-        return self._start(opts, output_tensors, call, _nbytes(x) * self._size,
+        return self._start("gather", opts, output_tensors, call, _nbytes(x) * self._size,
                            [x, output_tensors])
 
     def scatter(self, output_tensors, input_tensors, opts=None) -> Work:
@@ -614,7 +622,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 comm.Scatter([side(flat), MPI.BYTE], [side(out), MPI.BYTE], root=root)
             side.write_back()
 
-        return self._start(opts, output_tensors, call, _nbytes(out) * self._size,
+        return self._start("scatter", opts, output_tensors, call, _nbytes(out) * self._size,
                            [out, input_tensors])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
@@ -634,7 +642,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                            [side(output), (recv_counts, _displs(recv_counts)), MPI.BYTE])
             side.write_back()
 
-        return self._start(opts, [output], call, _nbytes(input), [input, output])
+        return self._start("all_to_all_single", opts, [output], call, _nbytes(input),
+                           [input, output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None) -> Work:
         for name, ts in (("output_tensors", output_tensors), ("input_tensors", input_tensors)):
@@ -651,6 +660,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return Work(list(output_tensors))
 
     def barrier(self, opts=None) -> Work:
+        if checks._debug:
+            checks.fingerprint(self._comm, "barrier")
         _engine.wait_idle()  # work queued before the barrier is done when it returns
         self._comm.Barrier()
         return Work([])
