@@ -3,6 +3,7 @@ CollectiveMismatch on every rank, naming what differs; matching calls are unaffe
 
 from __future__ import annotations
 
+import faulthandler
 import os
 
 import numpy as np
@@ -13,8 +14,7 @@ import fastreduce
 from fastreduce import CollectiveMismatch
 
 f = Failures()
-import faulthandler  # noqa: E402
-faulthandler.dump_traceback_later(60, exit=True)
+faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, before the timeout
 p, rank = WORLD.size, WORLD.rank
 f.check(os.environ.get("FASTREDUCE_DEBUG") == "1" and fastreduce.checks.debug(),
         "debug mode is not on")
