@@ -1,6 +1,8 @@
 """Misuse across ranks: set-up calls made differently raise on every rank (never a crash or
 a hang); inactive sub-partitions are inactive."""
 
+import sys
+
 import pytest
 from mpirun import run_workers
 
@@ -19,3 +21,21 @@ def test_debug_mode(monkeypatch, nprocs):
     monkeypatch.setenv("FASTREDUCE_DEBUG", "1")
     out = run_workers("debug_mode.py", nprocs)
     assert f"on {nprocs} ranks, 0 failed" in out
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_timeout_ends_a_hung_job(monkeypatch, nprocs):
+    """FASTREDUCE_TIMEOUT=5 and a rank 60 s late: the job ends well before 40 s, with the
+    stuck all-reduce and the flight record on stderr."""
+    import time
+
+    from mpirun import WORKERS, run_mpi
+
+    monkeypatch.setenv("FASTREDUCE_TIMEOUT", "5")
+    start = time.monotonic()
+    rc, out = run_mpi(nprocs, sys.executable, str(WORKERS / "timeout.py"), "60", timeout=90)
+    elapsed = time.monotonic() - start
+    assert rc != 0 and elapsed < 40, (rc, elapsed, out)
+    assert "allreduce_" in out and "has not completed in 5 s" in out, out
+    assert "flight record" in out and ">>" in out and "count 1000" in out, out
+    assert "not reached" not in out, out

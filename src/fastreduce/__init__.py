@@ -11,7 +11,7 @@ from . import _abi
 
 _abi.check()  # before any MPI call through a possibly mismatched library
 
-from . import runtime  # noqa: E402, F401  (fastreduce.runtime without an import)
+from . import runtime, watchdog  # noqa: E402, F401  (fastreduce.runtime without an import)
 from ._buffer import result_cache_info, set_result_cache_limit  # noqa: E402
 from ._collectives import (  # noqa: E402
     HAVE_LARGE_COUNT,
@@ -31,8 +31,10 @@ from .checks import CollectiveMismatch, set_debug  # noqa: E402
 from .gpupath import CalibrationError  # noqa: E402
 from .partition import CartesianPartition, Partition  # noqa: E402
 from .runtime import cuda_aware, local_rank, local_size, set_cuda_aware  # noqa: E402
+from .watchdog import flight_record, set_timeout  # noqa: E402
 
 set_debug(None)  # FASTREDUCE_DEBUG
+watchdog._from_environment()  # FASTREDUCE_TIMEOUT, FASTREDUCE_FLIGHT_RECORD
 
 # The torch layers load torch only when first used, so the core works without it.
 _TORCH_ATTRIBUTES = {
@@ -74,6 +76,7 @@ __all__ = [
     "cuda_aware",
     "build_mpi",
     "default_comm",
+    "flight_record",
     "Partition",
     "half_precision_paths",
     "iallreduce",
@@ -83,6 +86,7 @@ __all__ = [
     "result_cache_info",
     "set_cuda_aware",
     "set_debug",
+    "set_timeout",
     "set_result_cache_limit",
     "supports",
     "wait_all",

@@ -126,6 +126,28 @@ cdef int _debug_check(object comm, str call, BufferView* view, object op) except
     return 0
 
 
+# --- flight record (FASTREDUCE_TIMEOUT, fastreduce.watchdog): only while a timeout is set
+cdef bint _recording = False
+
+
+def _set_recording(bint on) -> None:
+    global _recording
+    _recording = on
+
+
+cdef object _flight_begin(object comm, str call, int64_t count, int kind, bint blocking):
+    from ._ops import KIND_NAMES
+    from .watchdog import begin
+
+    return begin(call, comm, count, KIND_NAMES[kind], blocking)
+
+
+cdef void _flight_end(object entry, bint ok) noexcept:
+    if entry is not None:
+        entry.state = "done" if ok else "failed"
+        entry.waiting_since = None
+
+
 def allreduce_(x, op="sum", *, comm=None):
     """Reduce x over all ranks of comm in place (MPI_IN_PLACE) and return x."""
     cdef BufferView view
@@ -134,10 +156,17 @@ def allreduce_(x, op="sum", *, comm=None):
     _owner = _prepare(x, op, comm, True, &view, &handle, &red)
     if _debug:
         _debug_check(comm, "allreduce_", &view, op)
-    if not view.on_device:
-        _run(MPI_IN_PLACE, view.data, view.count, red, handle)
-    else:
-        _device_run(&view, &view, MPI_IN_PLACE, red, handle, comm)
+    entry = _flight_begin(comm, "allreduce_", view.count, view.kind, True) if _recording \
+        else None
+    try:
+        if not view.on_device:
+            _run(MPI_IN_PLACE, view.data, view.count, red, handle)
+        else:
+            _device_run(&view, &view, MPI_IN_PLACE, red, handle, comm)
+    except BaseException:
+        _flight_end(entry, False)
+        raise
+    _flight_end(entry, True)
     return x
 
 
@@ -163,10 +192,17 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if _debug:
         _debug_check(comm, "allreduce", &view, op)
-    if not view.on_device:
-        _run(sendbuf, result.data, view.count, red, handle)
-    else:
-        _device_run(&view, &result, sendbuf, red, handle, comm)
+    entry = _flight_begin(comm, "allreduce", view.count, view.kind, True) if _recording \
+        else None
+    try:
+        if not view.on_device:
+            _run(sendbuf, result.data, view.count, red, handle)
+        else:
+            _device_run(&view, &result, sendbuf, red, handle, comm)
+    except BaseException:
+        _flight_end(entry, False)
+        raise
+    _flight_end(entry, True)
     return out
 
 
@@ -204,6 +240,7 @@ cdef class Request:
     cdef bint own_stream
     cdef Job job              # the progress engine's job, if it runs this request
     cdef list callbacks       # add_done_callback's, for requests MPI completes
+    cdef object flight        # its flight-record entry, while a timeout is set
     cdef object __weakref__
 
     def __cinit__(self):
@@ -260,6 +297,7 @@ cdef class Request:
     cdef int _finish(self, int ierr) except -1:
         self.pending = False
         _pending.discard(self)
+        _flight_end(self.flight, ierr == MPI_SUCCESS)
         cdef int size = 1
         try:
             CHKERR(ierr)
@@ -307,6 +345,7 @@ cdef class Request:
         self.pending = False
         _pending.discard(self)
         error = self.job.error
+        _flight_end(self.flight, error is None)
         self.job.cleanup()
         self.keep = None
         if error is not None:
@@ -316,6 +355,9 @@ cdef class Request:
     def wait(self):
         """Block until the reduction is done (GIL released) and return the result tensor."""
         cdef int ierr
+        if self.flight is not None and self.pending:
+            from .watchdog import waiting
+            waiting(self.flight)
         if self.pending and self.job is not None:
             wait_for(self.job)
             if self.pending:  # (another thread may have finished it meanwhile)
@@ -428,8 +470,16 @@ def iallreduce_(x, op="sum", *, comm=None):
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
     if _debug:
         _debug_check(comm, "iallreduce_", &view, op)
+    if _recording:
+        return _recorded(_iallreduce_inplace(x, comm, owner, &view, handle, red), comm,
+                         "iallreduce_", &view)
+    return _iallreduce_inplace(x, comm, owner, &view, handle, red)
+
+
+cdef Request _iallreduce_inplace(object x, object comm, object owner, BufferView* view,
+                                 MPI_Comm handle, const Reduction* red):
     if view.on_device:
-        return _device_start(&view, &view, MPI_IN_PLACE, red, handle, comm, x, (x, owner))
+        return _device_start(view, view, MPI_IN_PLACE, red, handle, comm, x, (x, owner))
     if host_enabled(view.count * red.itemsize):
         return _engine_host_start(MPI_IN_PLACE, view.data, view.count, red, comm, x,
                                   (x, owner))
@@ -447,14 +497,30 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if _debug:
         _debug_check(comm, "iallreduce", &view, op)
+    if _recording:
+        return _recorded(_iallreduce_new(x, comm, owner, out, &view, &result, sendbuf, handle,
+                                         red), comm, "iallreduce", &view)
+    return _iallreduce_new(x, comm, owner, out, &view, &result, sendbuf, handle, red)
+
+
+cdef Request _iallreduce_new(object x, object comm, object owner, object out,
+                             BufferView* view, BufferView* result, const void* sendbuf,
+                             MPI_Comm handle, const Reduction* red):
     if view.on_device:
-        return _device_start(&view, &result, sendbuf, red, handle, comm, out,
-                             (x, owner, out))
+        return _device_start(view, result, sendbuf, red, handle, comm, out, (x, owner, out))
     if host_enabled(view.count * red.itemsize):
         return _engine_host_start(sendbuf, result.data, view.count, red, comm, out,
                                   (x, owner, out))
     return _start(sendbuf, result.data, view.count, red, handle,
                   default_comm() if comm is None else comm, out, (x, owner, out))
+
+
+cdef Request _recorded(Request req, object comm, str call, BufferView* view):
+    """Give a started request its flight-record entry (done at once if nothing is pending)."""
+    req.flight = _flight_begin(comm, call, view.count, view.kind, False)
+    if not req.pending:
+        _flight_end(req.flight, True)
+    return req
 
 
 cdef Request _device_start(BufferView* x, BufferView* result, const void* sendbuf,

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import _collectives, _engine, checks
+from . import _collectives, _engine, checks, watchdog
 from ._version import __version__
 
 BACKEND = "fastreduce"
@@ -383,6 +383,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         if checks._debug:
             checks.fingerprint(self._comm, name, bytes=nbytes,
                                root=getattr(opts, "rootRank", None))
+        if watchdog._timeout is not None:
+            call = _recorded(call, name, self._comm, nbytes)
         if getattr(opts, "asyncOp", False) and _engine.state()[0] and \
                 0 <= _engine.host_bytes() <= nbytes and not _any_cuda(inputs):
             dup = _collectives.engine_comm(self._comm)
@@ -732,6 +734,20 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             raise ValueError(f"fastreduce backend: {what} rank {peer} is not in this group of "
                              f"{self._size}")
         return tensors[0]
+
+
+def _recorded(call: Callable, name: str, comm, nbytes: int) -> Callable:
+    """call, recorded in the flight record while it runs (a timeout is set)."""
+    def run(c):
+        entry = watchdog.begin(name, comm, nbytes, "bytes")
+        try:
+            call(c)
+        except BaseException:
+            watchdog.end(entry, False)
+            raise
+        watchdog.end(entry)
+
+    return run
 
 
 def _any_cuda(tensors) -> bool:

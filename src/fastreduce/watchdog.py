@@ -1,0 +1,165 @@
+"""A timeout for collectives that never complete, and the flight record that explains them.
+
+With FASTREDUCE_TIMEOUT=seconds (or set_timeout(seconds)), fastreduce records its last
+collectives (FASTREDUCE_FLIGHT_RECORD of them, default 64) and a watchdog thread checks
+them: when one has been waited for longer than the timeout (a blocking call still in MPI,
+or a request's wait()), the rank prints its flight record, the stuck call marked, on
+stderr and ends the job with MPI_Abort, so a hang does not burn the allocation.
+`flight_record()` returns the record at any time. Off by default: recording costs about a
+microsecond a call.
+
+A request that is started and not yet waited for is never "stuck": overlapping it with
+long computation is its purpose. A signal handler (SIGUSR1) cannot print the record of a
+hung rank: Python runs handlers only between bytecodes, and a rank stuck inside MPI runs
+none; the watchdog thread is the way.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import sys
+import threading
+import time
+
+from mpi4py import MPI
+
+__all__ = ["flight_record", "format_record", "set_timeout", "timeout"]
+
+_timeout: float | None = None
+_record: collections.deque = collections.deque(maxlen=64)
+_numbers = itertools.count(1)
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+class Entry:
+    """One collective in the flight record."""
+
+    __slots__ = ("number", "call", "comm", "count", "dtype", "started", "waiting_since",
+                 "state")
+
+    def __init__(self, call: str, comm, count: int, dtype: str, blocking: bool):
+        self.number = next(_numbers)
+        self.call = call
+        self.comm = _comm_name(comm)
+        self.count = count
+        self.dtype = dtype
+        self.started = time.time()
+        self.waiting_since = self.started if blocking else None
+        self.state = "in MPI" if blocking else "started"
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def _comm_name(comm) -> str:
+    if comm is None:
+        return "default communicator"
+    try:
+        return f"{comm.Get_name() or 'communicator'} (size {comm.Get_size()})"
+    except MPI.Exception:
+        return "communicator"
+
+
+def begin(call: str, comm, count: int, dtype: str, blocking: bool = True) -> Entry:
+    """Record a collective as it starts (blocking: in MPI now)."""
+    entry = Entry(call, comm, count, dtype, blocking)
+    _record.append(entry)
+    return entry
+
+
+def waiting(entry: Entry) -> None:
+    """A request's wait() has begun: from now on it can be stuck."""
+    if entry.state == "started":
+        entry.waiting_since = time.time()
+        entry.state = "waiting"
+
+
+def end(entry: Entry, ok: bool = True) -> None:
+    entry.state = "done" if ok else "failed"
+    entry.waiting_since = None
+
+
+def flight_record() -> list[dict]:
+    """This rank's last collectives, oldest first: number, call, comm, count, dtype, started
+    (time.time()), waiting_since, state ("in MPI", "started", "waiting", "done", "failed")."""
+    return [e.as_dict() for e in list(_record)]
+
+
+def format_record(stuck: Entry | None = None) -> str:
+    """The flight record as text, the stuck entry marked."""
+    now = time.time()
+    rank = MPI.COMM_WORLD.Get_rank()
+    lines = [f"fastreduce flight record, rank {rank} (last {len(_record)} collectives, "
+             f"oldest first):"]
+    for e in list(_record):
+        mark = ">>" if e is stuck else "  "
+        age = f"{now - e.started:8.2f} s ago"
+        lines.append(f"{mark} #{e.number:<6} {e.call:22s} {e.comm:34s} count {e.count:<10} "
+                     f"{e.dtype:9s} started {age}  {e.state}")
+    return "\n".join(lines)
+
+
+def timeout() -> float | None:
+    """The timeout in seconds, or None (off)."""
+    return _timeout
+
+
+def set_timeout(seconds: float | None) -> None:
+    """Abort the job when a collective is stuck longer than `seconds` (None: off; the
+    default comes from FASTREDUCE_TIMEOUT). Every rank should use the same setting."""
+    global _timeout, _thread
+    from . import _collectives
+
+    if seconds is not None:
+        seconds = float(seconds)
+        if not seconds > 0:
+            raise ValueError(f"fastreduce: timeout {seconds}: give seconds > 0, or None")
+    _timeout = seconds
+    _collectives._set_recording(seconds is not None)
+    with _lock:
+        if seconds is not None and _thread is None:
+            _thread = threading.Thread(target=_watch, name="fastreduce-watchdog", daemon=True)
+            _thread.start()
+
+
+def _stuck() -> Entry | None:
+    if _timeout is None:
+        return None
+    now = time.time()
+    for e in list(_record):
+        if e.waiting_since is not None and now - e.waiting_since > _timeout:
+            return e
+    return None
+
+
+def _watch() -> None:
+    while True:
+        limit = _timeout
+        time.sleep(min(1.0, limit / 4) if limit else 1.0)
+        entry = _stuck()
+        if entry is None:
+            continue
+        print(f"fastreduce: rank {MPI.COMM_WORLD.Get_rank()}: {entry.call} #{entry.number} on "
+              f"{entry.comm} has not completed in {_timeout:g} s (FASTREDUCE_TIMEOUT); "
+              f"aborting the job\n{format_record(entry)}", file=sys.stderr, flush=True)
+        MPI.COMM_WORLD.Abort(1)
+
+
+def _from_environment() -> None:
+    global _record
+    size = os.environ.get("FASTREDUCE_FLIGHT_RECORD", "").strip()
+    if size:
+        if not size.isdigit() or int(size) < 1:
+            raise ValueError(f"FASTREDUCE_FLIGHT_RECORD={size!r}: give a positive number")
+        _record = collections.deque(maxlen=int(size))
+    text = os.environ.get("FASTREDUCE_TIMEOUT", "").strip()
+    if text and text != "0":
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise ValueError(f"FASTREDUCE_TIMEOUT={text!r}: give seconds, or 0 for none") \
+                from None
+        set_timeout(seconds)
