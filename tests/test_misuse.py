@@ -39,3 +39,12 @@ def test_timeout_ends_a_hung_job(monkeypatch, nprocs):
     assert "allreduce_" in out and "has not completed in 5 s" in out, out
     assert "flight record" in out and ">>" in out and "count 1000" in out, out
     assert "not reached" not in out, out
+
+
+@pytest.mark.parametrize("seed", [2026, 7])
+def test_random_cases(seed):
+    """300 random all-reduces at 3 ranks against numpy's reduction of the gathered inputs
+    (rerun a failing case with: mpiexec -n 3 python -m mpi4py tests/workers/random_cases.py
+    SEED 300)."""
+    out = run_workers("random_cases.py", 3, str(seed), "300")
+    assert "on 3 ranks, 0 failed" in out

@@ -1,0 +1,107 @@
+"""A randomised differential test: hundreds of random all-reduces (shape, dtype, op, in place
+or not, blocking or not, torch or numpy, world / split / Cartesian sub-communicator), each
+against numpy's reduction of the inputs gathered from every rank. Seeded and reproducible:
+argv[1] is the seed, argv[2] the number of cases; a failure prints its case's parameters."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+from common import WORLD, Failures
+from reference import FLOAT_EPS, INTEGER, ops_for, reduce, tolerance
+
+import fastreduce
+
+f = Failures()
+SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 2026
+CASES = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+p, rank = WORLD.size, WORLD.rank
+DTYPES = ["float64", "float32", "float16", "bfloat16", "complex64", "int8", "int16", "int32",
+          "int64", "uint8", "bool"]
+TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "bool": torch.bool}
+
+P = fastreduce.Partition().create_cartesian_topology_partition([p, 1])
+COMMS = {"world": fastreduce.default_comm(), "split": WORLD.Split(rank % 2, rank),
+         "cartesian sub": P.sub([0])}
+
+
+def local_values(case_rng_seed: int, dtype: str, op: str, shape: tuple) -> np.ndarray:
+    """This rank's input, as float64/int64/complex128/bool before rounding to dtype."""
+    rng = np.random.default_rng([case_rng_seed, rank])
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype in INTEGER:
+        info = np.iinfo(dtype)
+        if op in ("band", "bor", "bxor"):
+            return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        low = 0 if info.min == 0 else (-2 if op == "prod" else -20)
+        return rng.integers(low, 2 if op == "prod" else 20, shape, endpoint=True).astype(dtype)
+    real = rng.uniform(0.5, 1.5, shape) if op == "prod" else rng.uniform(-1, 1, shape)
+    if dtype.startswith("complex"):
+        return real + 1j * rng.uniform(-0.5, 0.5, shape)
+    return real
+
+
+def as_input(values: np.ndarray, dtype: str, lib: str):
+    values = np.asarray(values)  # a 0-d array, not a numpy scalar, for shape ()
+    if lib == "numpy":
+        return np.array(values, dtype=dtype)
+    t = torch.from_numpy(np.ascontiguousarray(values))
+    return t.to(TORCH.get(dtype, getattr(torch, dtype, None)))
+
+
+def as_numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return (x.to(torch.float64) if x.dtype == torch.bfloat16 else x).numpy()
+    return np.asarray(x)
+
+
+def run_case(k: int, rng: np.random.Generator) -> None:
+    dtype = str(rng.choice(DTYPES))
+    op = str(rng.choice(ops_for(dtype)))
+    ndim = int(rng.integers(0, 4))
+    shape = tuple(int(n) for n in rng.integers(0, 7, ndim))
+    if rng.random() < 0.1:
+        shape = (int(rng.integers(1000, 300_000)),)  # over the segment and pipeline sizes
+    lib = "torch" if dtype == "bfloat16" else str(rng.choice(["torch", "numpy"]))
+    form = str(rng.choice(["allreduce_", "allreduce", "iallreduce_", "iallreduce"]))
+    comm_name = str(rng.choice(list(COMMS)))
+    comm = COMMS[comm_name]
+    case_seed = int(rng.integers(0, 2**31))
+    label = (f"case {k} (seed {SEED}): {form} {op} {dtype} {shape} {lib} over {comm_name} "
+             f"of {comm.Get_size()}")
+    x = as_input(local_values(case_seed, dtype, op, shape), dtype, lib)
+    kept = as_numpy(x).copy()
+    if form == "allreduce_":
+        got = fastreduce.allreduce_(x, op, comm=comm)
+    elif form == "allreduce":
+        got = fastreduce.allreduce(x, op, comm=comm)
+    elif form == "iallreduce_":
+        got = fastreduce.iallreduce_(x, op, comm=comm).wait()
+    else:
+        got = fastreduce.iallreduce(x, op, comm=comm).wait()
+    if form in ("allreduce", "iallreduce"):
+        f.check(np.array_equal(as_numpy(x), kept, equal_nan=True), f"{label}: input changed")
+    inputs = comm.allgather(kept)  # every rank's input, exactly as it was passed
+    n = comm.Get_size()
+    stack = np.stack(inputs)
+    if dtype in ("float16", "bfloat16"):
+        stack = stack.astype(np.float64 if dtype == "bfloat16" else np.float32)
+    want = reduce(stack, op, n)
+    result = as_numpy(got).astype(want.dtype) if dtype in ("float16", "bfloat16") \
+        else as_numpy(got)
+    if dtype in FLOAT_EPS and op in ("sum", "avg", "prod"):
+        bound = tolerance(dtype, op, stack.astype(np.complex128 if dtype.startswith("complex")
+                                                  else np.float64), n)
+        ok = result.shape == want.shape and bool(np.all(np.abs(result - want) <= bound))
+    else:
+        ok = result.shape == want.shape and np.array_equal(result, want)
+    f.check(ok, f"{label}: got {result.ravel()[:4]} want {want.ravel()[:4]}")
+
+
+rng = np.random.default_rng(SEED)  # the same choices on every rank
+for k in range(CASES):
+    f.run(f"case {k}", run_case, k, rng)
+f.finish()
