@@ -19,6 +19,8 @@ capture check is the backstop.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from mpi4py import MPI
 
@@ -27,24 +29,35 @@ from ._collectives import default_comm
 
 __all__ = ["allreduce", "allreduce_", "comm_id", "communicator"]
 
-_comms: list[MPI.Comm] = []        # id -> communicator (kept alive)
-_ids: dict[int, int] = {}          # id(communicator object) -> id
+_comms: list[weakref.ref] = []    # number -> the communicator (weakly: dropping it frees it)
+_ids: dict[int, int] = {}          # id(communicator object) -> number, while it lives
+
+
+_keys: dict[int, int] = {}         # number -> id(communicator object)
+
+
+def _forget(number: int) -> None:
+    key = _keys.pop(number, None)
+    if _ids.get(key) == number:
+        del _ids[key]
 
 
 def comm_id(comm: MPI.Comm | None = None) -> int:
     """The number custom ops name `comm` by (registered at the first call; the default
-    communicator when None)."""
+    communicator when None). Numbers are never reused; the registry holds the communicator
+    weakly, so one registered and dropped costs a dead entry of about 100 bytes."""
     comm = default_comm() if comm is None else comm
     found = _ids.get(id(comm))
-    if found is not None and _comms[found] is comm:
+    if found is not None and _comms[found]() is comm:
         return found
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"fastreduce: a communicator must be an mpi4py Comm, not "
                         f"{type(comm).__qualname__}")
     # No lock (dynamo cannot trace one, and the layers may register while tracing): under
     # the GIL two threads registering one communicator at once at worst give it two numbers.
-    _comms.append(comm)
-    number = len(_comms) - 1
+    number = len(_comms)
+    _comms.append(weakref.ref(comm, lambda _, number=number: _forget(number)))
+    _keys[number] = id(comm)
     _ids[id(comm)] = number
     return number
 
@@ -59,10 +72,12 @@ def comm_constant(_identity: int, comm: MPI.Comm | None) -> tuple:
 
 def communicator(number: int) -> MPI.Comm:
     """The communicator comm_id() gave `number` to."""
-    if not 0 <= number < len(_comms):
-        raise ValueError(f"fastreduce: no communicator was registered as {number}; name "
-                         f"communicators with fastreduce.ops.comm_id(comm)")
-    return _comms[number]
+    comm = _comms[number]() if 0 <= number < len(_comms) else None
+    if comm is None:
+        raise ValueError(f"fastreduce: no live communicator is registered as {number} (never "
+                         f"registered, or dropped since); name communicators with "
+                         f"fastreduce.ops.comm_id(comm)")
+    return comm
 
 
 def _reduced(x: torch.Tensor, op: str, number: int) -> torch.Tensor:

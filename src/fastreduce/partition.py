@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
+import weakref
 from collections.abc import Iterable, Sequence
 
 from mpi4py import MPI
@@ -49,6 +50,21 @@ def _sub_cache(comm: MPI.Comm) -> dict:
     return subs
 
 
+def _free_owned(comm: MPI.Comm) -> None:
+    """Free a communicator a partition made, once the partition is gone (its cached
+    sub-communicators go with it: the attribute's delete callback)."""
+    if not MPI.Is_finalized() and comm != MPI.COMM_NULL:
+        comm.Free()
+
+
+def _owning(partition: Partition, comm: MPI.Comm) -> Partition:
+    """The partition owns comm, which it made: freed with deactivate() or when the partition
+    is garbage-collected, so partitions made and dropped in a loop do not exhaust the MPI's
+    communicators (MPICH has about 2048)."""
+    partition._owned = weakref.finalize(partition, _free_owned, comm)
+    return partition
+
+
 def _as_int_list(values: Iterable, what: str) -> list[int]:
     try:
         out = [operator.index(v) for v in values]
@@ -79,6 +95,19 @@ class Partition:
     def comm(self) -> MPI.Intracomm:
         """The mpi4py communicator of this partition, or MPI.COMM_NULL on inactive workers."""
         return self._comm
+
+    def deactivate(self) -> None:
+        """Free this partition's communicator (if this partition made it) and its cached
+        sub-communicators; the partition becomes inactive. Collective over the partition."""
+        owned = getattr(self, "_owned", None)
+        if owned is not None:
+            owned()  # frees the communicator once
+        self._comm = MPI.COMM_NULL
+        self.active = False
+        self.rank, self.size = -1, 0
+        if hasattr(self, "coords"):
+            self.coords = None
+            self._subs = {}
 
     def process_group(self):
         """This partition's communicator as a torch.distributed process group of the
@@ -131,7 +160,7 @@ class Partition:
                 subgroup.Free()
         finally:
             group.Free()
-        return Partition(comm)
+        return _owning(Partition(comm), comm)
 
     def create_cartesian_topology_partition(
         self, shape: Sequence[int], periods: Sequence[bool] | None = None
@@ -153,7 +182,7 @@ class Partition:
         agree(self._comm, "create_cartesian_topology_partition",
               {"shape": shape, "periods": periods}, error)
         comm = self._comm.Create_cart(shape, periods=periods, reorder=False)
-        return CartesianPartition(comm, shape)
+        return _owning(CartesianPartition(comm, shape), comm)
 
 
 class CartesianPartition(Partition):
