@@ -54,3 +54,21 @@ def test_segments_over_one_mib(framework):
         out = run_workers("allreduce_matrix.py", 3, framework, "--big", "--segment-bytes",
                           segment)
         assert "on 3 ranks, 0 failed" in out
+
+
+def _available_gib() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+@pytest.mark.skipif(_available_gib() < 8, reason="needs about 2.2 GiB a rank (8 GiB free)")
+def test_more_than_2_to_the_31_elements():
+    """allreduce_ of 2**31 + 4097 int8 on 2 ranks: the count does not fit an int."""
+    out = run_workers("large_count.py", 2, timeout=600)
+    assert "on 2 ranks, 0 failed" in out
