@@ -319,6 +319,7 @@ def test_dlpack_export_fields():
 
 def test_dlpack_memory_lives_until_the_deleter_runs(cuda):
     x = FakeCudaArray.from_numpy(np.arange(4, dtype=np.int64))
+    fakecuda.check(fakecuda.lib().cudaDeviceSynchronize())  # the write lands before we read
     ptr = x.ptr
     unused = x.__dlpack__(max_version=(1, 0))
     taken = x.__dlpack__(max_version=(1, 0))
