@@ -120,6 +120,7 @@ class Partition:
             from .distributed import process_group
 
             self._process_group = process_group(self._comm)
+            self._process_group._partition = self  # the group keeps the communicator alive
         return self._process_group
 
     def __repr__(self) -> str:
@@ -223,7 +224,9 @@ class CartesianPartition(Partition):
         """The communicator of the workers that share every coordinate outside `axes`.
 
         Made once by MPI_Cart_sub (collective over this partition) and cached with
-        this partition's communicator; MPI.COMM_NULL on inactive workers.
+        this partition's communicator, which frees it: it lives as long as this partition
+        (keep the partition, or a layer or sub-partition over it); MPI.COMM_NULL on
+        inactive workers.
         """
         key = self.normalize_axes(axes)
         subs = self._subs
@@ -257,4 +260,6 @@ class CartesianPartition(Partition):
             raise ValueError("fastreduce: remain_dims keeps no axis")
         if len(axes) == self.dim:  # every axis kept: this partition (active or not)
             return self
-        return CartesianPartition(self.sub(axes), shape)  # inactive here: COMM_NULL
+        sub = CartesianPartition(self.sub(axes), shape)  # inactive here: COMM_NULL
+        sub._parent = self  # its communicator is this partition's: keep it alive
+        return sub

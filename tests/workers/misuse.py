@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from common import WORLD, Failures
+from mpi4py import MPI
 
 import fastreduce
 from fastreduce import CollectiveMismatch
@@ -90,6 +91,34 @@ def check_setup_arguments():
     f.check(P.active and P.shape == (p,), "partition after the refused calls")
 
 
+def check_lifetimes():
+    """A sub-partition, a layer or a torch group keeps the partition it came from (and so
+    its communicators) alive; a dropped partition frees them; deactivate() frees at once."""
+    import gc
+
+    def sub_only():
+        P = fastreduce.Partition().create_cartesian_topology_partition([p, 1])
+        return P.create_cartesian_subtopology_partition([True, False])
+
+    def layer_only():
+        P = fastreduce.Partition().create_cartesian_topology_partition([p, 1])
+        return AllSumReduce(P, axes_reduce=[0])
+
+    Q, layer = sub_only(), layer_only()
+    gc.collect()
+    x = torch.full((2,), float(rank))
+    f.check(torch.equal(fastreduce.allreduce(x, comm=Q.comm), torch.full((2,), float(sum(
+        range(p))))), "a sub-partition whose parent was dropped")
+    f.check(torch.equal(layer(x), torch.full((2,), float(sum(range(p))))),
+            "a layer whose partition was dropped")
+    P = fastreduce.Partition().create_cartesian_topology_partition([p])
+    comm = P.comm
+    P.deactivate()
+    f.check(not P.active and P.comm == MPI.COMM_NULL, "deactivate() leaves it inactive")
+    f.check(comm == MPI.COMM_NULL, "deactivate() did not free the communicator")
+
+
+f.run("lifetimes", check_lifetimes)
 f.run("inactive sub-partitions", check_inactive_subpartitions)
 f.run("construction order", check_construction_order)
 f.run("set-up arguments", check_setup_arguments)
