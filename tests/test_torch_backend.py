@@ -38,3 +38,9 @@ def test_tutorial_programs():
     rendezvous with rank= and world_size=, the backend name changed."""
     out = run_workers("torch_tutorial.py", 2)
     assert "on 2 ranks, 0 failed" in out
+
+
+def test_functional_collectives():
+    """torch's functional collectives run on the backend, eager and compiled."""
+    out = run_workers("functional_collectives.py", 2)
+    assert "on 2 ranks, 0 failed" in out
