@@ -31,9 +31,7 @@ __all__ = ["allreduce", "allreduce_", "comm_id", "communicator"]
 
 _comms: list[weakref.ref] = []    # number -> the communicator (weakly: dropping it frees it)
 _ids: dict[int, int] = {}          # id(communicator object) -> number, while it lives
-
-
-_keys: dict[int, int] = {}         # number -> id(communicator object)
+_keys: dict[int, int] = {}         # number -> id(communicator object), while it lives
 
 
 def _forget(number: int) -> None:
