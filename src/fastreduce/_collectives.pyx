@@ -148,6 +148,23 @@ cdef void _flight_end(object entry, bint ok) noexcept:
         entry.waiting_since = None
 
 
+cdef int _blocking(BufferView* view, BufferView* result, const void* sendbuf,
+                   const Reduction* red, MPI_Comm handle, object comm, str call) except -1:
+    """The blocking all-reduce of view into result (host or GPU path), in the flight record
+    while a timeout is set."""
+    entry = _flight_begin(comm, call, view.count, view.kind, True) if _recording else None
+    try:
+        if not view.on_device:
+            _run(sendbuf, result.data, view.count, red, handle)
+        else:
+            _device_run(view, result, sendbuf, red, handle, comm)
+    except BaseException:
+        _flight_end(entry, False)
+        raise
+    _flight_end(entry, True)
+    return 0
+
+
 def allreduce_(x, op="sum", *, comm=None):
     """Reduce x over all ranks of comm in place (MPI_IN_PLACE) and return x."""
     cdef BufferView view
@@ -156,17 +173,7 @@ def allreduce_(x, op="sum", *, comm=None):
     _owner = _prepare(x, op, comm, True, &view, &handle, &red)
     if _debug:
         _debug_check(comm, "allreduce_", &view, op)
-    entry = _flight_begin(comm, "allreduce_", view.count, view.kind, True) if _recording \
-        else None
-    try:
-        if not view.on_device:
-            _run(MPI_IN_PLACE, view.data, view.count, red, handle)
-        else:
-            _device_run(&view, &view, MPI_IN_PLACE, red, handle, comm)
-    except BaseException:
-        _flight_end(entry, False)
-        raise
-    _flight_end(entry, True)
+    _blocking(&view, &view, MPI_IN_PLACE, red, handle, comm, "allreduce_")
     return x
 
 
@@ -192,17 +199,7 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if _debug:
         _debug_check(comm, "allreduce", &view, op)
-    entry = _flight_begin(comm, "allreduce", view.count, view.kind, True) if _recording \
-        else None
-    try:
-        if not view.on_device:
-            _run(sendbuf, result.data, view.count, red, handle)
-        else:
-            _device_run(&view, &result, sendbuf, red, handle, comm)
-    except BaseException:
-        _flight_end(entry, False)
-        raise
-    _flight_end(entry, True)
+    _blocking(&view, &result, sendbuf, red, handle, comm, "allreduce")
     return out
 
 

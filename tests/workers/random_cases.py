@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import torch
 from common import WORLD, Failures
-from reference import FLOAT_EPS, INTEGER, ops_for, reduce, tolerance
+from reference import FLOAT_EPS, ops_for, reduce, tolerance, values
 
 import fastreduce
 
@@ -27,28 +27,11 @@ COMMS = {"world": fastreduce.default_comm(), "split": WORLD.Split(rank % 2, rank
          "cartesian sub": P.sub([0])}
 
 
-def local_values(case_rng_seed: int, dtype: str, op: str, shape: tuple) -> np.ndarray:
-    """This rank's input, as float64/int64/complex128/bool before rounding to dtype."""
-    rng = np.random.default_rng([case_rng_seed, rank])
-    if dtype == "bool":
-        return rng.integers(0, 2, shape).astype(bool)
-    if dtype in INTEGER:
-        info = np.iinfo(dtype)
-        if op in ("band", "bor", "bxor"):
-            return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
-        low = 0 if info.min == 0 else (-2 if op == "prod" else -20)
-        return rng.integers(low, 2 if op == "prod" else 20, shape, endpoint=True).astype(dtype)
-    real = rng.uniform(0.5, 1.5, shape) if op == "prod" else rng.uniform(-1, 1, shape)
-    if dtype.startswith("complex"):
-        return real + 1j * rng.uniform(-0.5, 0.5, shape)
-    return real
-
-
-def as_input(values: np.ndarray, dtype: str, lib: str):
-    values = np.asarray(values)  # a 0-d array, not a numpy scalar, for shape ()
+def as_input(data, dtype: str, lib: str):
+    data = np.asarray(data)  # a 0-d array, not a numpy scalar, for shape ()
     if lib == "numpy":
-        return np.array(values, dtype=dtype)
-    t = torch.from_numpy(np.ascontiguousarray(values))
+        return np.array(data, dtype=dtype)
+    t = torch.from_numpy(np.ascontiguousarray(data))
     return t.to(TORCH.get(dtype, getattr(torch, dtype, None)))
 
 
@@ -72,7 +55,7 @@ def run_case(k: int, rng: np.random.Generator) -> None:
     case_seed = int(rng.integers(0, 2**31))
     label = (f"case {k} (seed {SEED}): {form} {op} {dtype} {shape} {lib} over {comm_name} "
              f"of {comm.Get_size()}")
-    x = as_input(local_values(case_seed, dtype, op, shape), dtype, lib)
+    x = as_input(values(dtype, op, shape, rank, case_seed, integral=False), dtype, lib)
     kept = as_numpy(x).copy()
     if form == "allreduce_":
         got = fastreduce.allreduce_(x, op, comm=comm)
