@@ -24,6 +24,16 @@ def test_debug_mode(monkeypatch, nprocs):
     assert f"on {nprocs} ranks, 0 failed" in out
 
 
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_debug_mode_sees_different_orders(monkeypatch, nprocs):
+    """FASTREDUCE_DEBUG=1: all-reduces on two communicators in different orders (a deadlock)
+    raise the same CollectiveMismatch on every rank within seconds; a late rank and a chain
+    of waits that resolves do not."""
+    monkeypatch.setenv("FASTREDUCE_DEBUG", "1")
+    out = run_workers("debug_order.py", nprocs)
+    assert f"on {nprocs} ranks, 0 failed" in out
+
+
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_timeout_ends_a_hung_job(monkeypatch, nprocs):
     """FASTREDUCE_TIMEOUT=5 and a rank 60 s late: the job ends well before 40 s, with the

@@ -10,6 +10,9 @@ CollectiveMismatch when the descriptions differ, or when any rank refused its ar
 from __future__ import annotations
 
 import os
+import pickle
+import struct
+import time
 
 from mpi4py import MPI
 
@@ -42,7 +45,10 @@ def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None =
     others are not left waiting). Otherwise every rank raises: the refusing ranks their own
     error, the others CollectiveMismatch."""
     mine = (what, fields, None if error is None else f"{type(error).__name__}: {error}")
-    everyone = comm.allgather(mine)
+    if _debug and _channel is not None:  # wait where a deadlock can be seen
+        everyone = _gather_watching(comm, mine)
+    else:
+        everyone = comm.allgather(mine)
     refused = [(r, e) for r, (_, _, e) in enumerate(everyone) if e is not None]
     if refused:
         if error is not None:
@@ -78,18 +84,41 @@ def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None =
 
 _debug = False
 _sequence_keyval: int | None = None
+# Debug mode's side channel (a duplicate of COMM_WORLD): a rank that has waited in a check
+# for `_report_after` seconds tells every rank where it waits, so that ranks waiting on
+# different communicators for each other (collectives issued in different orders) see it.
+_channel: MPI.Intracomm | None = None
+_report_after = 10.0
+_STATE_TAG = 0x5EED
+_GRACE = 0.5  # seconds the picture must stay unchanged before a deadlock is declared
+_peers: dict[int, tuple | None] = {}  # world rank -> where it waits (None: it moved on)
+_sends: list = []
 
 
-def set_debug(on: bool | None) -> bool:
+def _seconds(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{name}={text!r}: give a number of seconds > 0")
+    return value
+
+
+def set_debug(on: bool | None, *, report_after: float | None = None) -> bool:
     """Debug mode on or off (None: as FASTREDUCE_DEBUG says); returns the previous setting.
 
     In debug mode every collective fastreduce issues (allreduce in every form, coalesced,
-    GradientSync's buckets, the layers, the torch.distributed backend) is preceded by one
-    small collective on its communicator in which the ranks compare a fingerprint: a
+    GradientSync's buckets, the layers, the torch.distributed backend, partition set-up) is
+    preceded by a check on its communicator in which the ranks compare a fingerprint: a
     per-communicator sequence number, the call, element count, dtype, op and device. Any
     difference raises CollectiveMismatch on every rank instead of a hang, a crash or wrong
-    data. Every rank must use the same setting."""
-    global _debug
+    data. A rank that waits in a check for `report_after` seconds (FASTREDUCE_DEBUG_WAIT,
+    default 10) tells the others where it waits; ranks that wait for each other in checks
+    on different communicators (collectives issued in different orders) then all raise
+    CollectiveMismatch. Every rank must use the same setting: turning it on the first time
+    is collective over COMM_WORLD (it duplicates COMM_WORLD for those reports)."""
+    global _debug, _channel, _report_after
     from . import _collectives
 
     old = _debug
@@ -98,6 +127,13 @@ def set_debug(on: bool | None) -> bool:
         if text not in ("", "0", "1"):
             raise ValueError(f"FASTREDUCE_DEBUG={text!r}: use 0 or 1")
         on = text == "1"
+    if report_after is not None:
+        _report_after = _seconds("report_after", str(report_after))
+    elif os.environ.get("FASTREDUCE_DEBUG_WAIT", "").strip():
+        _report_after = _seconds("FASTREDUCE_DEBUG_WAIT", os.environ["FASTREDUCE_DEBUG_WAIT"])
+    if on and _channel is None:
+        _channel = MPI.COMM_WORLD.Dup()
+        _channel.Set_name("fastreduce debug reports")
     _debug = bool(on)
     _collectives._set_debug(_debug)
     return old
@@ -124,3 +160,130 @@ def _next_sequence(comm: MPI.Comm) -> int:
 def fingerprint(comm: MPI.Comm, call: str, **fields) -> None:
     """Debug mode: the ranks of comm agree on this call (see set_debug)."""
     agree(comm, call, {"sequence number": _next_sequence(comm), **fields})
+
+
+# --- debug mode: collectives issued in different orders on different communicators ----------
+
+_SLOT = 256  # bytes per rank in the non-blocking exchange; longer descriptions take two steps
+
+
+def _gather_watching(comm: MPI.Comm, mine: tuple) -> list:
+    """comm.allgather(mine), non-blocking, with _await's watch while the others arrive."""
+    data = pickle.dumps(mine)
+    slot = bytearray(_SLOT)
+    struct.pack_into("<q", slot, 0, len(data))
+    if len(data) <= _SLOT - 8:
+        slot[8:8 + len(data)] = data
+    gathered = bytearray(_SLOT * comm.Get_size())
+    _await(comm.Iallgather([slot, MPI.BYTE], [gathered, MPI.BYTE]), comm, mine[0], mine[1])
+    slots = [gathered[i:i + _SLOT] for i in range(0, len(gathered), _SLOT)]
+    lengths = [struct.unpack_from("<q", one)[0] for one in slots]
+    if max(lengths) > _SLOT - 8:  # every rank sees this and takes the second step
+        return comm.allgather(mine)
+    return [pickle.loads(one[8:8 + n]) for one, n in zip(slots, lengths, strict=True)]
+
+
+def _await(request: MPI.Request, comm: MPI.Comm, what: str, fields: dict) -> None:
+    """Complete request (a check's exchange on comm), raising CollectiveMismatch when the
+    ranks wait for each other in checks on different communicators, which no amount of
+    waiting resolves."""
+    if request.Test():
+        return
+    started = time.monotonic()
+    while not request.Test():
+        waited = time.monotonic() - started
+        if waited > _report_after:
+            break
+        if waited > 0.01:  # spin first (checks usually complete in microseconds), then nap
+            time.sleep(min(waited / 10, 1e-3))
+    else:
+        return
+    me = _where_i_wait(comm, what, fields)
+    _announce(me)
+    stable_since = None
+    while not request.Test():
+        changed = _receive_reports()
+        blocked = _blocked_closure(me)
+        if blocked is None or changed:
+            stable_since = None
+        elif stable_since is None:
+            stable_since = time.monotonic()
+        elif time.monotonic() - stable_since > _GRACE:
+            # the others may not have decided yet: this rank's report stays "waiting"
+            raise CollectiveMismatch(_deadlock_text(blocked), {"waiting": blocked})
+        time.sleep(0.01)
+    _announce(None)
+
+
+def _where_i_wait(comm: MPI.Comm, what: str, fields: dict) -> tuple:
+    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        members = tuple(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
+    finally:
+        group.Free()
+        world.Free()
+    detail = ", ".join(f"{k} {v}" for k, v in fields.items())
+    return (what, detail, comm.Get_name(), members)
+
+
+def _announce(state: tuple | None) -> None:
+    """Tell every other rank where this rank waits (None: it no longer waits)."""
+    assert _channel is not None
+    me = _channel.Get_rank()
+    _peers[me] = state
+    _sends[:] = [r for r in _sends if not r.Test()]
+    _sends.extend(_channel.isend(state, dest=r, tag=_STATE_TAG)
+                  for r in range(_channel.Get_size()) if r != me)
+
+
+def _receive_reports() -> bool:
+    """Take in the other ranks' reports; whether any arrived."""
+    assert _channel is not None
+    status = MPI.Status()
+    changed = False
+    while _channel.iprobe(source=MPI.ANY_SOURCE, tag=_STATE_TAG, status=status):
+        source = status.Get_source()
+        _peers[source] = _channel.recv(source=source, tag=_STATE_TAG)
+        changed = True
+    return changed
+
+
+def _blocked_closure(me: tuple) -> dict[int, tuple] | None:
+    """The ranks this rank waits for, the ranks they wait for, and so on, if every one of
+    them waits in a check (then none of those checks can complete); else None."""
+    waiting = dict(_peers)
+    start = MPI.COMM_WORLD.Get_rank()
+    waiting[start] = me
+    seen: dict[int, tuple] = {}
+    todo = [start]
+    while todo:
+        rank = todo.pop()
+        if rank in seen:
+            continue
+        state = waiting.get(rank)
+        if state is None:
+            return None  # that rank is running: it may still arrive
+        seen[rank] = state
+        todo.extend(state[3])
+    return dict(sorted(seen.items()))
+
+
+def _members_text(members: tuple) -> str:
+    ranks = list(members)
+    if ranks == list(range(ranks[0], ranks[0] + len(ranks))) and len(ranks) > 2:
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return _ranks_text(ranks)
+
+
+def _deadlock_text(blocked: dict[int, tuple]) -> str:
+    by_place: dict[tuple, list[int]] = {}
+    for rank, state in blocked.items():
+        by_place.setdefault(state, []).append(rank)
+    places = "; ".join(
+        f"{_ranks_text(ranks)} wait{'s' if len(ranks) == 1 else ''} in {what} ({detail}) on "
+        f"{repr(name) + ' ' if name else 'a communicator '}of {_members_text(members)}"
+        for (what, detail, name, members), ranks in by_place.items())
+    return (f"fastreduce: collectives that can never complete: {places}; each of these ranks "
+            f"waits for ranks that wait in another collective. Every rank must call the "
+            f"collectives of communicators it shares with others in the same order. The "
+            f"communicators involved are unusable now: end the job")
