@@ -2,12 +2,15 @@
 
 import csv
 import json
+import os
+import pty
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from mpirun import run_mpi
+from mpirun import launcher_env, mpiexec, run_mpi
 
 BENCH = (sys.executable, "-m", "fastreduce.bench")
 COLUMNS = ["size(B)", "count", "type", "redop", "avg(us)", "min(us)", "max(us)", "algbw(GB/s)",
@@ -41,6 +44,9 @@ def test_columns_outputs_and_plot(nprocs, tmp_path):
                              "max_us", "algbw_GBps", "busbw_GBps", "wrong"]
     assert len(lines) == 9
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    # piped: no status line anywhere, nor in the files
+    assert "\x1b" not in out and not re.search(r"# \[\d+/\d+\]", out), out
+    assert "\x1b" not in js.read_text() + cs.read_text()
 
 
 @pytest.mark.parametrize("options", [
@@ -84,6 +90,8 @@ def _torch_has_cuda() -> bool:
     (["--gpu-paths", "direct"], "--gpu-paths needs --device cuda"),
     (["--gpu-paths", "auto,fast"], "--gpu-paths 'auto,fast': distinct modes"),
     (["-e", "1.5.2M"], "size '1.5.2M'"),
+    (["--plot", "/nonexistent/r.png"], "--plot /nonexistent/r.png: the folder /nonexistent does"),
+    (["--progress", "--no-progress"], "not allowed with argument"),
     pytest.param(["--device", "cuda"], "torch.cuda.is_available() is False",
                  marks=pytest.mark.skipif(_torch_has_cuda(), reason="this machine has a GPU")),
 ])
@@ -209,3 +217,190 @@ def test_engine_off_below_thread_multiple():
     off = ("(False, \"off: the MPI gives less than MPI_THREAD_MULTIPLE; non-blocking calls use "
            "MPI's non-blocking collectives\"), False, True)")
     assert out.count(off) == 2, out
+
+
+# ---------------------------------------------------------------------------------------
+# rank 0's status line: on a terminal only
+
+STATUS = re.compile(r"# \[(\d+)/(\d+)\] \S+ \S+: [\w() -]+, \d+ s")
+local_launcher = pytest.mark.skipif(
+    bool(os.environ.get("FASTREDUCE_MPIEXEC")),
+    reason="the status line follows a local mpiexec's terminal; srun tasks cannot see it")
+
+
+def run_on_terminal(nprocs: int, *command: str, stdout_file: Path | None = None,
+                    timeout: float = 300) -> tuple[int, str]:
+    """Run under mpiexec with its stderr (and stdout, unless stdout_file) on a
+    pseudo-terminal: (exit status, what the terminal received)."""
+    import select
+    import time
+
+    master, slave = pty.openpty()
+    out = open(stdout_file, "w") if stdout_file else slave  # noqa: SIM115
+    proc = subprocess.Popen([*mpiexec(), "-n", str(nprocs), *command], stdin=subprocess.DEVNULL,
+                            stdout=out, stderr=slave, env=launcher_env(),
+                            start_new_session=True)
+    os.close(slave)
+    if stdout_file:
+        out.close()
+    received, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 1)[0]:
+                try:
+                    chunk = os.read(master, 1 << 16)
+                except OSError:  # EIO: every writer has closed the terminal
+                    break
+                if not chunk:
+                    break
+                received += chunk
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.kill()
+            raise AssertionError(f"hung; the terminal received:\n{received.decode()}")
+    finally:
+        os.close(master)
+    return proc.wait(), received.decode()
+
+
+def screen(received: str) -> list[str]:
+    """The lines a terminal shows after `received` (cursor up, carriage return, erase line)."""
+    lines, row = [""], 0
+    for token in re.findall(r"\x1b\[A|\x1b\[K|\r|\n|[^\x1b\r\n]+", received):
+        if token == "\x1b[A":
+            row = max(row - 1, 0)
+        elif token == "\x1b[K":
+            lines[row] = ""  # always at the line's start here
+        elif token == "\n":
+            row += 1
+            if row == len(lines):
+                lines.append("")
+        elif token != "\r":
+            lines[row] += token
+    return [line for line in lines if line]
+
+
+@local_launcher
+def test_progress_on_a_terminal_replaced_by_the_table(tmp_path):
+    js, cs = tmp_path / "r.json", tmp_path / "r.csv"
+    rc, received = run_on_terminal(2, *BENCH, "-b", "1K", "-e", "16K", "-f", "4", "-n", "5",
+                                   "--peers", "mpi4py", "--json", str(js), "--csv", str(cs))
+    assert rc == 0, received
+    status = STATUS.findall(received)
+    # per size and column, on rank 0 alone: fastreduce, the check, mpi4py for each of 3 sizes
+    assert status.count(("1", "3")) == 3 and status.count(("3", "3")) == 3, received
+    assert "# [2/3] 4 KiB: mpi4py" in received, received
+    shown = screen(received)
+    assert not any(STATUS.search(line) for line in shown), shown  # every status line erased
+    assert [int(r[0]) for r in table_rows("\n".join(shown))] == [1024, 4096, 16384], shown
+    assert shown[-1].startswith("# Avg bus bandwidth"), shown
+    for path in (js, cs):
+        assert "\x1b" not in path.read_text() and not STATUS.search(path.read_text())
+
+
+@local_launcher
+def test_progress_on_stderr_when_the_table_goes_to_a_file(tmp_path):
+    table = tmp_path / "table.txt"
+    rc, received = run_on_terminal(2, *BENCH, "-b", "1K", "-e", "4K", "-f", "4", "-n", "5",
+                                   stdout_file=table)
+    assert rc == 0, received
+    assert STATUS.search(received) and screen(received) == [], received
+    text = table.read_text()
+    assert "\x1b" not in text and not STATUS.search(text) and len(table_rows(text)) == 2, text
+
+
+@local_launcher
+def test_no_progress_on_a_terminal():
+    rc, received = run_on_terminal(2, *BENCH, "-b", "1K", "-e", "4K", "-n", "5",
+                                   "--no-progress")
+    assert rc == 0 and "\x1b" not in received and not STATUS.search(received), received
+
+
+def test_progress_forced_through_a_pipe():
+    """--progress: for launchers (srun) whose tasks cannot see the terminal."""
+    proc = subprocess.run([*mpiexec(), "-n", "2", *BENCH, "-b", "1K", "-e", "4K", "-f", "4",
+                           "-n", "5", "--progress"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, env=launcher_env(), timeout=300)
+    rc, out = proc.returncode, proc.stdout.decode()  # bytes: text mode would turn \r to \n
+    assert rc == 0, out
+    assert [m for m in STATUS.findall(out)] == [("1", "2"), ("1", "2"), ("2", "2"), ("2", "2")]
+    assert not any(STATUS.search(line) for line in screen(out)), out
+
+
+# ---------------------------------------------------------------------------------------
+# --plot, drawn from rows like a run's
+
+def _rows(sizes, peers=(), modes=()):
+    rows = []
+    for n in sizes:
+        us = 2 + n / 2e3
+        rows.append({"bytes": n, "count": n // 4, "avg_us": us, "min_us": us, "max_us": us,
+                     "algbw": n / us / 1e3, "busbw": n / us / 1e3, "wrong": 0,
+                     "peers": {p: us * (1.5 + i) for i, p in enumerate(peers)},
+                     "modes": {m: {"avg_us": us * 1.2, "path": "staged"} for m in modes}})
+    return rows
+
+
+def _meta(ranks=4, **extra):
+    return {"fastreduce": "0", "mpi": "Open MPI v5.0.11, package: Open MPI user@localhost",
+            "ranks": ranks, "nodes": 1, "communicator": "all ranks", "device": "cpu",
+            "buffers": "torch", "dtype": "float32", "op": "sum", "mode": "in place, blocking",
+            "cuda_aware": "no", "torch": "2.13.0", **extra}
+
+
+def test_plot_draws_every_column_on_log_axes_with_units(tmp_path):
+    pytest.importorskip("matplotlib")
+    from fastreduce import bench
+
+    sizes = [4 << (2 * i) for i in range(13)]  # 4 B .. 64 MiB
+    peers = ["mpi4py", "torch", "unsegmented"]
+    png = tmp_path / "p.png"
+    fig = bench.plot(str(png), _meta(communicator="partition [2, 2], axes (1,)"),
+                     _rows(sizes, peers), peers, group_size=2)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lat, alg, bus = fig.axes
+    want = ["fastreduce", "mpi4py", "torch (all 4 ranks)", "unsegmented"]
+    for ax, unit in ((lat, "\u00b5s"), (alg, "GB/s"), (bus, "GB/s")):
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        assert unit in ax.get_ylabel() and ax.get_xlabel() == "message size"
+        assert [line.get_label() for line in ax.get_lines()] == want
+        assert all(list(line.get_xdata()) == sizes for line in ax.get_lines())
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        assert labels[0] == "4 B" and labels[-1] == "64 MiB" and 4 <= len(labels) <= 6, labels
+    # the legend is the figure's, below the panels, not inside one
+    assert not any(ax.get_legend() for ax in fig.axes)
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == want
+    # busbw: algbw * 2(p-1)/p of the group (p=2: equal), of the world for torch (p=4)
+    fr, _, torch_line, _ = bus.get_lines()
+    assert list(fr.get_ydata()) == list(alg.get_lines()[0].get_ydata())
+    assert torch_line.get_ydata()[-1] == pytest.approx(alg.get_lines()[2].get_ydata()[-1] * 1.5)
+    # nothing overlaps: tick labels of neighbouring panels, the legend and the axes
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # plot() closed the figure: draw it as it was saved
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [ax.get_tightbbox(renderer) for ax in fig.axes]
+    for left, right in zip(boxes, boxes[1:], strict=False):
+        assert left.x1 < right.x0
+    assert legend.get_window_extent(renderer).y1 < min(b.y0 for b in boxes)
+    for ax in fig.axes:
+        ticks = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+        assert all(a.x1 + 10 < b.x0 for a, b in zip(ticks, ticks[1:], strict=False))
+
+
+def test_plot_gpu_modes_and_one_rank(tmp_path):
+    pytest.importorskip("matplotlib")
+    from fastreduce import bench
+
+    sizes = [1 << 20, 4 << 20]
+    fig = bench.plot(str(tmp_path / "g.png"),
+                     _meta(ranks=1, gpu_modes=["auto", "direct", "staged"]),
+                     _rows(sizes, modes=["direct", "staged"]), [], group_size=1)
+    lat, alg, bus = fig.axes
+    assert [line.get_label() for line in lat.get_lines()] == [
+        "fastreduce (auto)", "fastreduce (direct)", "fastreduce (staged)"]
+    assert [t.get_text() for t in bus.texts] == ["busbw is 0 with 1 rank"]
+    assert lat.get_yscale() == "log" and alg.get_yscale() == "log"

@@ -12,6 +12,12 @@ took (direct or staged) is printed beside it, and --gpu-paths times several
 FASTREDUCE_GPU_PATH modes in the same job (the first fills the main columns). The exit status is
 1 when anything was wrong, 2 on a usage error (reported by rank 0; every rank
 exits).
+
+Rank 0 shows which size and column it is timing on a status line that each
+table row replaces, where the launcher's output is a terminal (--progress forces it,
+--no-progress turns it off); piped output and the --json/--csv files never hold
+it. --plot FILE.png draws latency, algbw and busbw against message size (log
+axes), one line per column: fastreduce, each extra GPU path mode, each peer.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import sys
 import time
 
@@ -84,9 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "torch-fastreduce,unsegmented")
     parser.add_argument("--json", help="write every number to this file (rank 0)")
     parser.add_argument("--csv", help="write the table to this CSV file (rank 0)")
-    parser.add_argument("--plot", help="draw latency and busbw against size into this PNG "
-                        "(needs matplotlib)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress line")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw latency, algbw and busbw "
+                        "against message size into this PNG, one line per column (rank 0; "
+                        "needs matplotlib)")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true",
+                       help="show the status line even where no terminal is detected "
+                       "(e.g. under srun)")
+    shown.add_argument("--no-progress", action="store_true",
+                       help="no status line (default: one on rank 0 when the launcher's "
+                       "output is a terminal)")
     parser.add_argument("--inject-wrong", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -236,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         shape, axes, peers = check_args(args, world.Get_size())
         itemsize = ITEMSIZE[args.dtype]
         sizes = sizes_from(args, itemsize)
+        # rank 0 writes the files: its view of the file system decides, before any timing
+        problem = world.bcast(_unwritable(args) if rank == 0 else None)
+        if problem:
+            raise UsageError(problem)
     except UsageError as exc:
         if rank == 0:
             parser.print_usage(sys.stderr)
@@ -288,12 +306,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{'min(us)':>10} {'max(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
               f"{'#wrong':>7}{gpu_head}{peer_head}")
     rows = []
-    started = time.perf_counter()
+    progress = _Progress.for_rank(rank, args, len(sizes))
     for index, nbytes in enumerate(sizes):
         count = max(1, nbytes // itemsize)
-        row = _measure(args, comm, count, nbytes, p, peers, gloo)
+        progress.size(index, nbytes)
+        row = _measure(args, comm, count, nbytes, p, peers, gloo, progress.step)
         rows.append(row)
         if rank == 0:
+            progress.clear()
             peer_cells = "".join(f" {row['peers'][name]:13.2f}" for name in peers)
             gpu_cells = ""
             if gpu:
@@ -304,14 +324,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['avg_us']:10.2f} {row['min_us']:10.2f} {row['max_us']:10.2f} "
                   f"{row['algbw']:12.3f} {row['busbw']:12.3f} {row['wrong']:>7}{gpu_cells}"
                   f"{peer_cells}", flush=True)
-            if not args.no_progress and time.perf_counter() - started > 2:
-                print(f"# progress: {index + 1}/{len(sizes)} sizes, "
-                      f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     wrong = sum(r["wrong"] for r in rows)
     if rank == 0:
+        progress.clear()
         print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'WRONG'}")
         print(f"# Avg bus bandwidth    : {np.mean([r['busbw'] for r in rows]):.3f} GB/s")
-        _write_outputs(args, meta, rows, peers)
+        _write_outputs(args, meta, rows, peers, p)
     if gloo is not None:
         import torch.distributed as dist
 
@@ -369,7 +387,10 @@ def _iterations(args, nbytes: int) -> tuple[int, int]:
     return iters, args.warmup or max(2, iters // 10)
 
 
-def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
+def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo,
+             step=lambda what: None) -> dict:
+    """One size: every column's timing, and the correctness check; step(what) names each
+    part as it starts (rank 0's status line)."""
     import fastreduce
 
     x = make_buffer(args.buffers, args.dtype, count, args.device)
@@ -388,6 +409,7 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
             fastreduce.allreduce_(x, op, comm=comm)
     modes = {}
     for mode in (args.gpu_modes if args.device == "cuda" else ["auto"]):
+        step(f"fastreduce ({mode})" if mode and len(args.gpu_modes) > 1 else "fastreduce")
         modes[mode] = _time_mode(args, comm, call, iters, warmup, mode)
     main = modes[args.gpu_modes[0] if args.device == "cuda" else "auto"]
     times = main["times"]
@@ -401,6 +423,7 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
         row["modes"] = {m: {"avg_us": sum(v["times"]) / len(v["times"]) * 1e6,
                             "path": v["path"]} for m, v in modes.items()}
     # correctness after timing
+    step("checking")
     fill(x, rank_values(args.dtype, op, comm.Get_rank(), count))
     if args.nonblocking:
         result = start(x, op, comm=comm).wait()
@@ -418,6 +441,7 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo) -> dict:
     mine = int(np.count_nonzero(got != want))
     row["wrong"] = comm.allreduce(mine)
     for name in peers:
+        step(name)
         row["peers"][name] = _time_peer(name, args, comm, count, iters, warmup, gloo,
                                         call) * 1e6
     return row
@@ -526,7 +550,21 @@ def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
     return comm.allreduce(t) / comm.Get_size()
 
 
-def _write_outputs(args, meta: dict, rows: list[dict], peers) -> None:
+def _unwritable(args) -> str | None:
+    """Why an output file could not be written at the end of the run, or None."""
+    for option in ("json", "csv", "plot"):
+        path = getattr(args, option)
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            return f"--{option} {path}: the folder {folder} does not exist"
+        if not os.access(folder, os.W_OK):
+            return f"--{option} {path}: the folder {folder} is not writable"
+    return None
+
+
+def _write_outputs(args, meta: dict, rows: list[dict], peers, group_size: int) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -540,33 +578,228 @@ def _write_outputs(args, meta: dict, rows: list[dict], peers) -> None:
                                  r["min_us"], r["max_us"], r["algbw"], r["busbw"], r["wrong"],
                                  *[r["peers"][p] for p in peers]])
     if args.plot:
-        import matplotlib
+        plot(args.plot, meta, rows, peers, group_size)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        sizes = [r["bytes"] for r in rows]
-        fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4.2))
-        lat.loglog(sizes, [r["avg_us"] for r in rows], "o-", label="fastreduce")
-        for name in peers:
-            lat.loglog(sizes, [r["peers"][name] for r in rows], "s--", label=name)
-        lat.set_xlabel("message size (bytes)")
-        lat.set_ylabel("latency (us)")
-        lat.legend()
-        lat.grid(True, which="both", alpha=0.3)
-        bus = 2 * (meta["ranks"] - 1) / meta["ranks"] if meta["ranks"] > 1 else 0
-        bw.semilogx(sizes, [r["busbw"] for r in rows], "o-", label="fastreduce")
-        for name in peers:
-            bw.semilogx(sizes, [r["bytes"] / (r["peers"][name] * 1e-6) / 1e9 * bus
-                                for r in rows], "s--", label=name)
-        bw.set_xlabel("message size (bytes)")
-        bw.set_ylabel("busbw (GB/s)")
-        bw.legend()
-        bw.grid(True, which="both", alpha=0.3)
-        fig.suptitle(f"all-reduce {meta['dtype']} {meta['op']}, {meta['ranks']} ranks, "
-                     f"{meta['mpi'][:60]}", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+# ---------------------------------------------------------------------------------------
+# rank 0's status line
+
+# the names a launcher's process has (/proc/PID/stat); Open MPI 5's mpiexec is prterun
+LAUNCHERS = frozenset({"mpiexec", "mpirun", "prterun", "orterun", "mpiexec.hydra",
+                       "mpirun.hydra", "mpiexec.openmpi", "mpirun.openmpi", "mpiexec.mpich",
+                       "mpirun.mpich"})
+
+
+def _is_terminal(pid: int, fd: int) -> bool:
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return False
+    return target.startswith(("/dev/pts/", "/dev/tty")) or target == "/dev/console"
+
+
+def _launcher_terminals(depth: int = 8) -> tuple[bool, bool] | None:
+    """Whether the stdout and stderr of the mpiexec that started this process are
+    terminals, from /proc (Linux); None where no launcher is found among its ancestors."""
+    pid = os.getppid()
+    for _ in range(depth):
+        if pid <= 1:
+            return None
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return None
+        if stat[stat.index("(") + 1:stat.rindex(")")] in LAUNCHERS:
+            return _is_terminal(pid, 1), _is_terminal(pid, 2)
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    return None
+
+
+def terminals() -> tuple[bool, bool]:
+    """Whether what this rank writes to stdout and stderr ends on a terminal.
+
+    A rank's own isatty() does not say: Open MPI gives every rank's stdout a
+    pseudo-terminal even when mpiexec's output is piped, and its stderr (MPICH: both)
+    a pipe even on a terminal. The launcher's own descriptors do say; where it is not
+    an ancestor (srun, a remote daemon) a rank's stdout counts only outside Open MPI.
+    """
+    found = _launcher_terminals()
+    if found is not None:
+        return found
+    open_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ
+    return (not open_mpi and os.isatty(1)), os.isatty(2)
+
+
+def human(nbytes: float) -> str:
+    """4 B, 64 KiB, 1.5 MiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes:.4g} B"
+
+
+class _Progress:
+    """One status line, "# [3/12] 64 KiB: mpi4py, 5 s", that rank 0 rewrites in place.
+
+    On stdout, where the table goes, so that the two cannot interleave (a launcher
+    forwards stdout and stderr separately); on stderr where only stderr is a terminal
+    (the table going to a file). Every write ends its line, since Open MPI forwards
+    whole lines only: a rewrite first moves the cursor back up and erases the status
+    line, and so does the table row that takes its place."""
+
+    ERASE = "\033[A\r\033[K"  # cursor up one line, to its start, erase it
+
+    def __init__(self, stream=None, total: int = 0):
+        self.stream, self.total = stream, total
+        self.index, self.nbytes, self.started = 0, 0, time.perf_counter()
+        self.shown = False
+
+    @classmethod
+    def for_rank(cls, rank: int, args, total: int) -> _Progress:
+        if rank != 0 or args.no_progress:
+            return cls()
+        if args.progress:
+            return cls(sys.stdout, total)
+        out, err = terminals()
+        return cls(sys.stdout if out else sys.stderr if err else None, total)
+
+    def size(self, index: int, nbytes: int) -> None:
+        self.index, self.nbytes = index, nbytes
+
+    def step(self, what: str) -> None:
+        if self.stream is None:
+            return
+        elapsed = time.perf_counter() - self.started
+        self.stream.write(f"{self.ERASE if self.shown else ''}# [{self.index + 1}/{self.total}]"
+                          f" {human(self.nbytes)}: {what}, {elapsed:.0f} s\n")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Erase the status line: what is printed next takes its place."""
+        if self.shown:
+            self.stream.write(self.ERASE)
+            self.shown = False
+
+
+# ---------------------------------------------------------------------------------------
+# --plot
+
+def _columns(meta: dict, rows: list[dict], peers, group_size: int) -> list[tuple]:
+    """(label, latency in us per row, busbw factor, is fastreduce) for every column."""
+    def factor(p):
+        return 2 * (p - 1) / p if p > 1 else 0.0
+
+    modes = meta.get("gpu_modes") or [None]
+    first = modes[0] or (meta.get("gpu_paths") or {}).get("mode")
+    label = f"fastreduce ({first})" if len(modes) > 1 and first else "fastreduce"
+    out = [(label, [r["avg_us"] for r in rows], factor(group_size), True)]
+    for mode in modes[1:]:
+        out.append((f"fastreduce ({mode})", [r["modes"][mode]["avg_us"] for r in rows],
+                    factor(group_size), True))
+    whole = meta.get("communicator", "all ranks") == "all ranks"
+    for name in peers:
+        if name.startswith("torch") and not whole:  # torch.distributed: the whole world
+            out.append((f"{name} (all {meta['ranks']} ranks)",
+                        [r["peers"][name] for r in rows], factor(meta["ranks"]), False))
+        else:
+            out.append((name, [r["peers"][name] for r in rows], factor(group_size),
+                        name == "unsegmented"))
+    return out
+
+
+def _size_ticks(lo: float, hi: float) -> list[int]:
+    """Powers of two from about lo to hi, evenly spaced in doublings: 4 to 6 from the
+    smallest size to the largest where the spacing allows, else at most 5 from the smallest."""
+    first, last = math.ceil(math.log2(lo) - 0.01), math.floor(math.log2(hi) + 0.01)
+    first, span = max(first, 0), max(last - max(first, 0), 0)
+    step = next((s for s in range(1, span + 1) if span % s == 0 and 3 <= span // s <= 5),
+                None) or next(s for s in range(1, span + 2) if span // s <= 4)
+    return [1 << e for e in range(first, first + span + 1, step)]
+
+
+def _log_y(ax, values) -> None:
+    """Log y axis with plain numbers (0.5, 1, 2, 5, 10), enough of them to read a value."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    good = [v for v in values if v > 0 and math.isfinite(v)]
+    decades = math.log10(max(good) / min(good)) if good else 0
+    subs = (1.0, 2.0, 5.0) if decades < 2.5 else (1.0, 3.0) if decades < 4 else (1.0,)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def plot(path: str, meta: dict, rows: list[dict], peers=(), group_size: int | None = None):
+    """Latency, algbw and busbw against message size, log axes, one line per column (the
+    same colour and marker in each panel), the legend below the panels. Returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    group_size = group_size or meta["ranks"]
+    sizes = [r["bytes"] for r in rows]
+    columns = _columns(meta, rows, peers, group_size)
+    fig, (lat, alg, bus) = plt.subplots(1, 3, figsize=(13, 4.6), sharex=True)
+    markers = "osD^vP*Xhp"
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    nan = float("nan")
+    values = {lat: [], alg: [], bus: []}
+    for i, (label, us, factor, ours) in enumerate(columns):
+        style = dict(color=colours[i % len(colours)], marker=markers[i % len(markers)],
+                     markersize=4.5, linewidth=2.2 if i == 0 else 1.4,
+                     linestyle="-" if ours else "--", label=label)
+        us = [u if u > 0 and math.isfinite(u) else nan for u in us]
+        algbw = [n / (u * 1e-6) / 1e9 for n, u in zip(sizes, us, strict=True)]
+        busbw = [a * factor if factor else nan for a in algbw]
+        for ax, ys in ((lat, us), (alg, algbw), (bus, busbw)):
+            ax.plot(sizes, ys, **style)
+            values[ax] += ys
+    lat.set_title("latency (lower is better)", fontsize=10)
+    alg.set_title("algbw = size / time", fontsize=10)
+    bus.set_title("busbw = algbw \u00b7 2(p\u22121)/p  (nccl-tests)", fontsize=10)
+    lat.set_ylabel("time per all-reduce (\u00b5s)")
+    alg.set_ylabel("algbw (GB/s, 10\u2079 bytes/s)")
+    bus.set_ylabel("busbw (GB/s, 10\u2079 bytes/s)")
+    ticks = _size_ticks(min(sizes), max(sizes))
+    for ax in (lat, alg, bus):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(v)))
+        ax.tick_params(axis="x", labelsize=9)
+        ax.xaxis.set_minor_locator(LogLocator(base=2, subs=(1.0,), numticks=64))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("message size")
+        ax.set_xlim(min(sizes) / 1.3, max(sizes) * 1.3)
+        ax.grid(True, which="major", alpha=0.35)
+        ax.grid(True, which="minor", axis="y", alpha=0.12)
+        if any(v == v for v in values[ax]):
+            _log_y(ax, values[ax])
+        else:
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, "busbw is 0 with 1 rank", ha="center", va="center",
+                    transform=ax.transAxes, color="0.4")
+    mpi = " ".join(meta["mpi"].split(",")[0].split())
+    wrong = sum(1 for r in rows if r.get("wrong"))
+    fig.text(0.5, 0.985, f"all-reduce of {meta['dtype']} ({meta['op']}), {meta['ranks']} "
+             f"ranks on {meta['nodes']} node(s), {meta['communicator']}"
+             + (f" \u2014 WRONG RESULTS at {wrong} size(s)" if wrong else ""),
+             ha="center", va="top", fontsize=11, color="red" if wrong else "black")
+    fig.text(0.5, 0.935, f"{mpi}; fastreduce {meta['fastreduce']}, torch {meta['torch']}; "
+             f"{meta['device']}, {meta['buffers']} buffers, {meta['mode']}",
+             ha="center", va="top", fontsize=8.5, color="0.3")
+    handles, labels = lat.get_legend_handles_labels()
+    legend_rows = math.ceil(len(labels) / 6)
+    fig.legend(handles, labels, loc="lower center", ncol=math.ceil(len(labels) / legend_rows),
+               frameon=False, fontsize=9.5, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.02 + 0.055 * legend_rows, 1, 0.9))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
 
 
 if __name__ == "__main__":
