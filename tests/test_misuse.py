@@ -52,6 +52,14 @@ def test_timeout_ends_a_hung_job(monkeypatch, nprocs):
     assert "not reached" not in out, out
 
 
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_flight_record(nprocs):
+    """With a timeout set, the record holds the core's calls, coalesced calls and the
+    backend's collectives and point-to-point calls, in order, done or started."""
+    out = run_workers("flight_record.py", nprocs)
+    assert f"on {nprocs} ranks, 0 failed" in out
+
+
 @pytest.mark.parametrize("seed", [2026, 7])
 def test_random_cases(seed):
     """300 random all-reduces at 3 ranks against numpy's reduction of the gathered inputs

@@ -767,9 +767,11 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
     cdef const Reduction* reds[NKINDS]
     cdef char* flat
     cdef bint borrowed = False
+    cdef bint ok = False
     cdef int64_t offset
     cdef size_t nbytes
     owners = []
+    entry = None  # the flight record's, while a timeout is set
     try:
         for k in range(NKINDS):
             counts[k] = 0
@@ -799,6 +801,12 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
                                 if reds[k] != NULL},
                         op=_op_label(op),
                         device=device_name(views[0].device_type, 0).split(":")[0])
+        if _recording:
+            from ._ops import KIND_NAMES
+            from .watchdog import begin
+
+            entry = begin("allreduce_coalesced_", comm, sum([counts[k] for k in range(NKINDS)]),
+                          "+".join([KIND_NAMES[k] for k in range(NKINDS) if reds[k] != NULL]))
         if views[0].on_device:
             for i in range(n):
                 if i == 0 or views[i].stream != views[0].stream:
@@ -809,6 +817,7 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
                         stream_sync(<cudaStream_t>views[i].stream)
             if views[0].device_type == kDLCUDA:
                 _coalesced_device(views, n, counts, reds, handle, comm)
+                ok = True
                 return tensors
             with nogil:  # managed memory: the host path, once the producer is done
                 stream_sync(<cudaStream_t>views[0].stream)
@@ -838,8 +847,10 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
                     _flat_busy[k] = False
                 else:
                     free(flat)
+        ok = True
     finally:
         free(views)
+        _flight_end(entry, ok)
     return tensors
 
 

@@ -204,7 +204,7 @@ class Work(dist.Work):
     completes when MPI has completed (from the progress engine's thread), unprompted."""
 
     def __init__(self, result: list, *, request=None, job=None, mpi_request=None,
-                 source: int = -1):
+                 source: int = -1, flight=None):
         super().__init__()
         self._result = result
         self._error: BaseException | None = None
@@ -220,6 +220,7 @@ class Work(dist.Work):
         self._lock = threading.Lock()
         self._waiter = None
         self._after: Callable[[], None] | None = None
+        self._flight = flight  # point-to-point work's flight record entry (a timeout is set)
         if request is not None:
             request.add_done_callback(self._from_request)
         elif job is not None:
@@ -241,6 +242,8 @@ class Work(dist.Work):
             except BaseException as exc:  # noqa: BLE001  (reported by wait() and the future)
                 error = exc
         self._error = error
+        if self._flight is not None:
+            watchdog.end(self._flight, error is None)
         if error is None:
             self._future.set_result(self._result)
         else:
@@ -258,6 +261,8 @@ class Work(dist.Work):
         self._finish(job.error)
 
     def _wait_mpi(self) -> None:
+        if self._flight is not None:
+            watchdog.waiting(self._flight)
         try:
             status = MPI.Status()
             self._mpi_request.Wait(status)
@@ -681,7 +686,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         t = self._p2p_tensor(tensors, dst_rank, "dst")
         side = _HostSide(reads=[t])
         request = self._comm.Isend([side(t), MPI.BYTE], dest=dst_rank, tag=tag)
-        return Work([t], mpi_request=request)._then(side.write_back)  # keeps the copy alive
+        return Work([t], mpi_request=request, flight=self._flight(f"send to {dst_rank}", t)
+                    )._then(side.write_back)  # keeps the copy alive
 
     def recv(self, tensors, src_rank: int, tag: int = 0) -> Work:
         t = self._p2p_tensor(tensors, src_rank, "src")
@@ -694,7 +700,15 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
     def _irecv(self, t, source: int, tag: int) -> Work:
         side = _HostSide(writes=[t])
         request = self._comm.Irecv([side(t), MPI.BYTE], source=source, tag=tag)
-        return Work([t], mpi_request=request, source=source)._then(side.write_back)
+        peer = "any rank" if source == MPI.ANY_SOURCE else source
+        return Work([t], mpi_request=request, source=source,
+                    flight=self._flight(f"recv from {peer}", t))._then(side.write_back)
+
+    def _flight(self, name: str, t):
+        """A point-to-point call's flight record entry, while a timeout is set."""
+        if watchdog._timeout is None:
+            return None
+        return watchdog.begin(name, self._comm, _nbytes(t), "bytes", blocking=False)
 
     # -- helpers --
 
