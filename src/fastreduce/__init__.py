@@ -48,7 +48,7 @@ _TORCH_ATTRIBUTES = {
 def __getattr__(name: str):
     import importlib
 
-    if name in ("nn", "autograd", "gradsync", "bench", "info", "distributed"):
+    if name in ("nn", "autograd", "gradsync", "bench", "info", "distributed", "distdl", "ops"):
         value = importlib.import_module(f".{name}", __name__)
     elif name in _TORCH_ATTRIBUTES:
         module = importlib.import_module(f".{_TORCH_ATTRIBUTES[name]}", __name__)
