@@ -47,6 +47,8 @@ def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None =
     mine = (what, fields, None if error is None else f"{type(error).__name__}: {error}")
     if _debug and _channel is not None:  # wait where a deadlock can be seen
         everyone = _gather_watching(comm, mine)
+        if everyone is None:
+            return
     else:
         everyone = comm.allgather(mine)
     refused = [(r, e) for r, (_, _, e) in enumerate(everyone) if e is not None]
@@ -167,15 +169,19 @@ def fingerprint(comm: MPI.Comm, call: str, **fields) -> None:
 _SLOT = 256  # bytes per rank in the non-blocking exchange; longer descriptions take two steps
 
 
-def _gather_watching(comm: MPI.Comm, mine: tuple) -> list:
-    """comm.allgather(mine), non-blocking, with _await's watch while the others arrive."""
+def _gather_watching(comm: MPI.Comm, mine: tuple) -> list | None:
+    """comm.allgather(mine), non-blocking, with _await's watch while the others arrive;
+    None when every rank passed the same bytes (the common case, decoded no further)."""
     data = pickle.dumps(mine)
     slot = bytearray(_SLOT)
     struct.pack_into("<q", slot, 0, len(data))
     if len(data) <= _SLOT - 8:
         slot[8:8 + len(data)] = data
-    gathered = bytearray(_SLOT * comm.Get_size())
+    size = comm.Get_size()
+    gathered = bytearray(_SLOT * size)
     _await(comm.Iallgather([slot, MPI.BYTE], [gathered, MPI.BYTE]), comm, mine[0], mine[1])
+    if len(data) <= _SLOT - 8 and gathered == slot * size:
+        return None
     slots = [gathered[i:i + _SLOT] for i in range(0, len(gathered), _SLOT)]
     lengths = [struct.unpack_from("<q", one)[0] for one in slots]
     if max(lengths) > _SLOT - 8:  # every rank sees this and takes the second step
