@@ -47,6 +47,30 @@ class Failures:
                        for a, b in zip(before, after, strict=True)),
                    f"a rejected call ({words}) modified its tensors")
 
+    def expect_everywhere(self, fn, words, own_error=None, same_message=False) -> None:
+        """Collective: fn() must raise on every rank, CollectiveMismatch naming `words` (or
+        own_error on the ranks that made the mistake); with same_message, the same text on
+        every rank."""
+        from fastreduce import CollectiveMismatch
+
+        try:
+            fn()
+        except CollectiveMismatch as exc:
+            missing = [w for w in words if w not in str(exc)]
+            self.check(not missing, f"CollectiveMismatch {exc} lacks {missing}")
+            outcome = str(exc) if same_message else "mismatch"
+        except Exception as exc:  # noqa: BLE001
+            self.check(own_error is not None and isinstance(exc, own_error),
+                       f"expected CollectiveMismatch with {words}, got {exc!r}")
+            outcome = "own"
+        else:
+            self.check(False, f"nothing raised (expected CollectiveMismatch with {words})")
+            outcome = "none"
+        outcomes = WORLD.allgather(outcome)
+        self.check("none" not in outcomes, f"some ranks raised, others did not: {outcomes}")
+        if same_message:
+            self.check(len(set(outcomes)) == 1, f"the ranks raised different things: {outcomes}")
+
     def finish(self) -> None:
         total = WORLD.allreduce(len(self.items))
         checks = WORLD.allreduce(self.checks)

@@ -8,31 +8,10 @@ from common import WORLD, Failures
 from mpi4py import MPI
 
 import fastreduce
-from fastreduce import CollectiveMismatch
 from fastreduce.nn import AllSumReduce
 
 f = Failures()
 p, rank = WORLD.size, WORLD.rank
-
-
-def expect_everywhere(fn, words, own_error=None):
-    """fn() must raise on every rank: CollectiveMismatch naming `words`, or own_error on
-    the ranks that made the mistake."""
-    try:
-        fn()
-    except CollectiveMismatch as exc:
-        missing = [w for w in words if w not in str(exc)]
-        f.check(not missing, f"CollectiveMismatch {exc} lacks {missing}")
-        outcome = "mismatch"
-    except Exception as exc:  # noqa: BLE001
-        f.check(own_error is not None and isinstance(exc, own_error),
-                f"expected CollectiveMismatch, got {exc!r}")
-        outcome = "own"
-    else:
-        f.check(False, f"nothing raised (expected CollectiveMismatch with {words})")
-        outcome = "none"
-    outcomes = WORLD.allgather(outcome)
-    f.check("none" not in outcomes, f"some ranks raised, others did not: {outcomes}")
 
 
 def check_inactive_subpartitions():
@@ -66,7 +45,7 @@ def check_construction_order():
         axes = ([0], [1]) if rank % 2 == 0 else ([1], [0])
         return [AllSumReduce(P, axes_reduce=a) for a in axes]
 
-    expect_everywhere(build, ["axes", "MPI_Cart_sub", "ranks"])
+    f.expect_everywhere(build, ["axes", "MPI_Cart_sub", "ranks"])
     layers = [AllSumReduce(P, axes_reduce=[0]), AllSumReduce(P, axes_reduce=[1])]
     x = torch.full((3,), float(rank))
     got = layers[0](x)
@@ -78,13 +57,13 @@ def check_setup_arguments():
     if p == 1:
         return
     shape = [p] if rank != 1 else [1, p]
-    expect_everywhere(lambda: fastreduce.Partition().create_cartesian_topology_partition(shape),
+    f.expect_everywhere(lambda: fastreduce.Partition().create_cartesian_topology_partition(shape),
                       ["shape", "rank 1"])
     ranks = [0] if rank != 0 else [0, p + 5]
-    expect_everywhere(lambda: fastreduce.Partition().create_partition_inclusive(ranks),
+    f.expect_everywhere(lambda: fastreduce.Partition().create_partition_inclusive(ranks),
                       ["refused", "rank 0"], own_error=ValueError)
     big = [p + 1] if rank == p - 1 else [p]
-    expect_everywhere(lambda: fastreduce.Partition().create_cartesian_topology_partition(big),
+    f.expect_everywhere(lambda: fastreduce.Partition().create_cartesian_topology_partition(big),
                       ["refused"], own_error=ValueError)
     # still usable afterwards
     P = fastreduce.Partition().create_cartesian_topology_partition([p])
