@@ -44,3 +44,19 @@ def test_functional_collectives():
     """torch's functional collectives run on the backend, eager and compiled."""
     out = run_workers("functional_collectives.py", 2)
     assert "on 2 ranks, 0 failed" in out
+
+
+def test_torch_older_than_2_13_is_refused_by_name():
+    """On torch older than 2.13 importing the backend raises ImportError naming the torch it
+    needs (instead of hanging in sub-groups later); on 2.13 and newer it imports."""
+    import torch
+
+    from fastreduce.ops import _release
+
+    if _release(torch.__version__) >= (2, 13):
+        import fastreduce.distributed
+
+        assert fastreduce.distributed.BACKEND == "fastreduce"
+    else:
+        with pytest.raises(ImportError, match=r"needs torch 2\.13 or newer .*torch>=2\.13"):
+            import fastreduce.distributed  # noqa: F401

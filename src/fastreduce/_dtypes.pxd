@@ -20,7 +20,12 @@ cdef enum Kind:
     KIND_FLOAT64
     KIND_COMPLEX64
     KIND_COMPLEX128
-    NKINDS
+
+# How many kinds: an array dimension. In an anonymous enum (a plain int constant),
+# since Cython 3.1/3.2 reject a named enum's value as an array dimension
+# ("Array dimension not integer").
+cdef enum:
+    NKINDS = KIND_COMPLEX128 + 1
 
 cdef inline int kind_from_dlpack(uint8_t code, uint8_t bits, uint16_t lanes) noexcept nogil:
     """The Kind of a DLPack dtype, or -1 when fastreduce does not reduce it."""

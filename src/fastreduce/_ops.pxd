@@ -12,7 +12,10 @@ cdef enum OpCode:
     OP_BAND
     OP_BOR
     OP_BXOR
-    NOPS
+
+# How many ops: an array dimension, so a plain int constant (see NKINDS in _dtypes.pxd).
+cdef enum:
+    NOPS = OP_BXOR + 1
 
 ctypedef struct Reduction:
     MPI_Datatype datatype

@@ -15,7 +15,7 @@ import torch
 from mpi4py import MPI
 
 from ._collectives import allreduce, default_comm
-from .ops import comm_constant, comm_id  # registers the custom ops
+from .ops import TRACEABLE, comm_constant, comm_id  # registers the custom ops
 from .partition import CartesianPartition, Partition
 
 __all__ = ["all_reduce", "all_sum_reduce", "set_consistency_checks", "zero_volume_tensor"]
@@ -49,8 +49,15 @@ def zero_volume_tensor(b=None, dtype=None, device=None, requires_grad=False) -> 
     return torch.empty(shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
+# torch without the DLPack C exchange API (2.9 and older) reaches the core through
+# Tensor.__dlpack__, which refuses a tensor that requires grad: give it a detached view.
+_DETACH = not hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+
+
 def _contiguous_allreduce(x: torch.Tensor, op, comm) -> torch.Tensor:
     """Out-of-place core all-reduce that makes x contiguous first instead of refusing it."""
+    if _DETACH and x.requires_grad:
+        x = x.detach()
     try:
         return allreduce(x, op, comm=comm)
     except BufferError:
@@ -89,8 +96,9 @@ class AllReduceFunction(torch.autograd.Function):
 
 # True only while dynamo traces (torch.compile): the layers then call fastreduce's custom
 # ops (fastreduce.ops), which it can put in a graph; eager calls skip them (and the cost of
-# torch's dispatcher). One call costs about 0.03 us.
-_compiling = torch.compiler.is_dynamo_compiling
+# torch's dispatcher). One call costs about 0.03 us. Never with torch older than 2.12
+# (ops.TRACEABLE): dynamo breaks the graph at the eager path instead.
+_compiling = torch.compiler.is_dynamo_compiling if TRACEABLE else (lambda: False)
 
 
 def _needs_grad(x: torch.Tensor) -> bool:

@@ -31,6 +31,14 @@ from mpi4py import MPI
 
 from . import _collectives, _engine, checks, watchdog
 from ._version import __version__
+from .ops import _release
+
+# Older torch.distributed differs in what a Python process group must provide (sub-groups
+# hang on 2.4-2.6, PREMUL_SUM has no factor on 2.12): the backend is tested on 2.13.
+if _release(torch.__version__) < (2, 13):
+    raise ImportError(f"fastreduce.distributed needs torch 2.13 or newer (this is torch "
+                      f"{torch.__version__}): pip install 'torch>=2.13'; the rest of fastreduce "
+                      f"works with torch 2.4 and newer")
 
 BACKEND = "fastreduce"
 _AllgatherOptions = torch._C._distributed_c10d.AllgatherOptions  # not in torch.distributed

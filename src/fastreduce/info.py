@@ -31,10 +31,13 @@ def collect() -> dict:
         torch_version = torch.__version__
         exchange = _buffer._uses_exchange_api(torch.empty(0))
         exchange_text = "yes (DLPack C exchange API)" if exchange else "no (__dlpack__ fallback)"
-        from .distributed import BACKEND
-
-        backend = (f"{BACKEND!r} for cpu and cuda (fastreduce {fastreduce.__version__}): "
-                   f"import fastreduce.distributed; dist.init_process_group({BACKEND!r})")
+        try:
+            from .distributed import BACKEND
+        except ImportError as exc:  # torch older than the backend needs
+            backend = f"n/a ({exc})"
+        else:
+            backend = (f"{BACKEND!r} for cpu and cuda (fastreduce {fastreduce.__version__}): "
+                       f"import fastreduce.distributed; dist.init_process_group({BACKEND!r})")
     except ImportError:
         torch_version, exchange_text = "not installed", "n/a (torch not installed)"
         backend = "n/a (torch not installed)"

@@ -78,14 +78,32 @@ def communicator(number: int) -> MPI.Comm:
     return comm
 
 
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+# Whether torch.compile traces fastreduce's ops and layers (torch 2.12 and newer: older
+# dynamo cannot trace the communicator handling). With older torch, compiled code runs the
+# layers eagerly, with a graph break around each (fullgraph=True refuses that).
+TRACEABLE = _release(torch.__version__) >= (2, 12)
+
+
+# torch without the DLPack C exchange API (2.9 and older) reaches the core through
+# Tensor.__dlpack__, which refuses a tensor that requires grad: give it a detached view.
+_DETACH = not hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+
+
 def _reduced(x: torch.Tensor, op: str, number: int) -> torch.Tensor:
     """A new tensor: x reduced over the communicator (x made contiguous first if it is not)."""
     comm = communicator(number)
+    if _DETACH and x.requires_grad:
+        x = x.detach()
     return _collectives.allreduce(x if x.is_contiguous() else x.contiguous(), op, comm=comm)
 
 
 def _number(comm: MPI.Comm | None) -> int:
-    if torch.compiler.is_dynamo_compiling():
+    if TRACEABLE and torch.compiler.is_dynamo_compiling():
         return comm_constant(id(comm), comm)[0]
     return comm_id(comm)
 
