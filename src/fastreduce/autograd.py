@@ -15,7 +15,7 @@ import torch
 from mpi4py import MPI
 
 from ._collectives import allreduce, default_comm
-from .ops import TRACEABLE, comm_constant, comm_id  # registers the custom ops
+from .ops import _DETACH, TRACEABLE, comm_constant, comm_id  # registers the custom ops
 from .partition import CartesianPartition, Partition
 
 __all__ = ["all_reduce", "all_sum_reduce", "set_consistency_checks", "zero_volume_tensor"]
@@ -47,11 +47,6 @@ def zero_volume_tensor(b=None, dtype=None, device=None, requires_grad=False) -> 
     """An empty tensor for inactive workers: shape (0,), or (b, 0) with a batch size b."""
     shape = (0,) if b is None else (b, 0)
     return torch.empty(shape, dtype=dtype, device=device, requires_grad=requires_grad)
-
-
-# torch without the DLPack C exchange API (2.9 and older) reaches the core through
-# Tensor.__dlpack__, which refuses a tensor that requires grad: give it a detached view.
-_DETACH = not hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
 
 
 def _contiguous_allreduce(x: torch.Tensor, op, comm) -> torch.Tensor:

@@ -713,6 +713,8 @@ def _size_ticks(lo: float, hi: float) -> list[int]:
     """Powers of two from about lo to hi, evenly spaced in doublings: 4 to 6 from the
     smallest size to the largest where the spacing allows, else at most 5 from the smallest."""
     first, last = math.ceil(math.log2(lo) - 0.01), math.floor(math.log2(hi) + 0.01)
+    if first > last:  # no power of two in range (one size, not a power of two): the sizes
+        return sorted({int(lo), int(hi)})
     first, span = max(first, 0), max(last - max(first, 0), 0)
     step = next((s for s in range(1, span + 1) if span % s == 0 and 3 <= span // s <= 5),
                 None) or next(s for s in range(1, span + 2) if span // s <= 4)

@@ -3,8 +3,9 @@
 A collective that the ranks of a communicator call with different arguments is undefined
 in MPI: it may return wrong data, hang, or crash the process (Open MPI's MPI_Cart_sub
 with different remain_dims dies of SIGFPE). `agree()` exchanges a small description of
-the call first, with one MPI_Allgather, and every rank raises the same
-CollectiveMismatch when the descriptions differ, or when any rank refused its arguments.
+the call first, with one MPI_Allgather (in debug mode a watched MPI_Iallgather, see
+set_debug), and every rank raises the same CollectiveMismatch when the descriptions
+differ, or when any rank refused its arguments.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None =
     mine = (what, fields, None if error is None else f"{type(error).__name__}: {error}")
     if _debug and _channel is not None:  # wait where a deadlock can be seen
         everyone = _gather_watching(comm, mine)
-        if everyone is None:
-            return
+        if everyone is None:  # every rank sent the same bytes
+            if error is None:
+                return
+            everyone = [mine] * comm.Get_size()  # every rank refused alike
     else:
         everyone = comm.allgather(mine)
     refused = [(r, e) for r, (_, _, e) in enumerate(everyone) if e is not None]
@@ -92,9 +95,13 @@ _sequence_keyval: int | None = None
 _channel: MPI.Intracomm | None = None
 _report_after = 10.0
 _STATE_TAG = 0x5EED
-_GRACE = 0.5  # seconds the picture must stay unchanged before a deadlock is declared
+_GRACE = 1.0  # seconds the picture must stay unchanged before a deadlock is declared
 _peers: dict[int, tuple | None] = {}  # world rank -> where it waits (None: it moved on)
+_decided: set[int] = set()  # ranks that raised for the deadlock they last reported
 _sends: list = []
+# The exchanges of checks this rank gave up on (a deadlock raised): MPI still owns their
+# buffers, so they are kept for good; and this rank says it moved on at its next check.
+_abandoned: list = []
 
 
 def _seconds(name: str, text: str) -> float:
@@ -179,7 +186,15 @@ def _gather_watching(comm: MPI.Comm, mine: tuple) -> list | None:
         slot[8:8 + len(data)] = data
     size = comm.Get_size()
     gathered = bytearray(_SLOT * size)
-    _await(comm.Iallgather([slot, MPI.BYTE], [gathered, MPI.BYTE]), comm, mine[0], mine[1])
+    if _abandoned and _peers.get(_channel.Get_rank()) is not None:
+        _announce(None)  # the program went on after a deadlock was raised here
+    _receive_reports()  # reports sent while this rank was not waiting: keep the queue short
+    request = comm.Iallgather([slot, MPI.BYTE], [gathered, MPI.BYTE])
+    try:
+        _await(request, comm, mine[0], mine[1])
+    except CollectiveMismatch:
+        _abandoned.append((request, slot, gathered))
+        raise
     if len(data) <= _SLOT - 8 and gathered == slot * size:
         return None
     slots = [gathered[i:i + _SLOT] for i in range(0, len(gathered), _SLOT)]
@@ -206,19 +221,32 @@ def _await(request: MPI.Request, comm: MPI.Comm, what: str, fields: dict) -> Non
         return
     me = _where_i_wait(comm, what, fields)
     _announce(me)
-    stable_since = None
+    stable_since, seen = None, None
     while not request.Test():
-        changed = _receive_reports()
+        _receive_reports()
         blocked = _blocked_closure(me)
-        if blocked is None or changed:
-            stable_since = None
-        elif stable_since is None:
-            stable_since = time.monotonic()
+        if blocked is None or blocked != seen:
+            stable_since, seen = time.monotonic(), blocked
         elif time.monotonic() - stable_since > _GRACE:
-            # the others may not have decided yet: this rank's report stays "waiting"
+            _leave(me, blocked)
             raise CollectiveMismatch(_deadlock_text(blocked), {"waiting": blocked})
         time.sleep(0.01)
     _announce(None)
+
+
+def _leave(me: tuple, blocked: dict[int, tuple]) -> None:
+    """Before raising for a deadlock: say so, and once every rank of it has said so too,
+    say this rank moved on (so a program that goes on is not taken for waiting). Should
+    that not happen soon, the report stays "waiting" until this rank's next check: the
+    others may still need it to decide."""
+    _announce(me, decided=True)
+    deadline = time.monotonic() + 5 * _GRACE
+    while time.monotonic() < deadline:
+        _receive_reports()
+        if all(rank in _decided for rank in blocked):
+            _announce(None)
+            return
+        time.sleep(0.01)
 
 
 def _where_i_wait(comm: MPI.Comm, what: str, fields: dict) -> tuple:
@@ -232,14 +260,23 @@ def _where_i_wait(comm: MPI.Comm, what: str, fields: dict) -> tuple:
     return (what, detail, comm.Get_name(), members)
 
 
-def _announce(state: tuple | None) -> None:
-    """Tell every other rank where this rank waits (None: it no longer waits)."""
+def _announce(state: tuple | None, decided: bool = False) -> None:
+    """Tell every other rank where this rank waits (None: it no longer waits; decided: it
+    raised for the deadlock it waits in)."""
     assert _channel is not None
     me = _channel.Get_rank()
-    _peers[me] = state
+    _record(me, state, decided)
     _sends[:] = [r for r in _sends if not r.Test()]
-    _sends.extend(_channel.isend(state, dest=r, tag=_STATE_TAG)
+    _sends.extend(_channel.isend((state, decided), dest=r, tag=_STATE_TAG)
                   for r in range(_channel.Get_size()) if r != me)
+
+
+def _record(rank: int, state: tuple | None, decided: bool) -> None:
+    _peers[rank] = state
+    if decided:
+        _decided.add(rank)
+    elif state is not None:  # waiting anew
+        _decided.discard(rank)
 
 
 def _receive_reports() -> bool:
@@ -247,9 +284,9 @@ def _receive_reports() -> bool:
     assert _channel is not None
     status = MPI.Status()
     changed = False
-    while _channel.iprobe(source=MPI.ANY_SOURCE, tag=_STATE_TAG, status=status):
-        source = status.Get_source()
-        _peers[source] = _channel.recv(source=source, tag=_STATE_TAG)
+    while (message := _channel.improbe(source=MPI.ANY_SOURCE, tag=_STATE_TAG,
+                                       status=status)) is not None:
+        _record(status.Get_source(), *message.recv())
         changed = True
     return changed
 

@@ -19,7 +19,9 @@ sub-communicators are cached and freed as fastreduce does it.
 Where fastreduce is stricter it stays so: an inactive worker must pass a
 zero-volume tensor to AllSumReduce, a communicator you pass in stays yours
 (deactivate() frees only the communicators a partition made), axes are
-checked before any MPI call.
+checked before any MPI call, and set-up calls are collective over the whole
+partition (create_partition_inclusive too: every worker calls it, with the same
+ranks, as DistDL's own tests and examples do).
 """
 
 from __future__ import annotations
@@ -195,11 +197,11 @@ class MPICartesianPartition(MPIPartition):
         """DistDL's all-reduction partition: the workers that share this one's coordinates
         outside `axes_reduce`, as a partition of this one's dimension whose shape is
         this one's on `axes_reduce` and 1 elsewhere. A new communicator (freed by its
-        deactivate()); an inactive MPIPartition on workers not in this partition."""
-        if not self.active:
-            return MPIPartition(device=self.device)
+        deactivate()); inactive, of that shape, on workers not in this partition."""
         axes = self.native.normalize_axes(axes_reduce, "axes_reduce")
         shape = [n if axis in axes else 1 for axis, n in enumerate(self.native.shape)]
+        if not self.active:
+            return MPICartesianPartition(MPI.COMM_NULL, shape=shape, device=self.device)
         group = Partition(self.native.sub(axes))  # the cached sub-communicator
         return MPICartesianPartition._wrap(group.create_cartesian_topology_partition(shape),
                                            self.device)

@@ -102,6 +102,16 @@ def check_torch_backend():
     dist.destroy_process_group()
 
 
+def check_setup_refused_everywhere():
+    """Every rank refusing a set-up call alike (the same bytes exchanged): each raises its
+    own error, as outside debug mode, and nothing is made."""
+    f.expect(ValueError, ["repeat a rank"],
+             lambda: fastreduce.Partition().create_partition_inclusive([0, 0]))
+    f.expect(ValueError, ["not in this partition"],
+             lambda: fastreduce.Partition().create_partition_inclusive([p]))
+
+
+f.run("set-up refused everywhere", check_setup_refused_everywhere)
 f.run("matching calls", check_matching_calls_work)
 f.run("mismatches", check_mismatches)
 f.run("layers and GradientSync", check_layers_and_gradsync)

@@ -67,6 +67,17 @@ outcomes = WORLD.allgather(outcome)
 f.check(outcomes[0].startswith("fastreduce: collectives that can never complete"),
         f"rank 0: {outcomes[0]}")
 f.check(len(set(outcomes)) == 1, f"the ranks raised different things: {outcomes}")
+
+# the program goes on (on other communicators): a rank that raised is not taken for waiting
+third = WORLD.Dup()
+z = torch.ones(3)
+if rank == 0:
+    time.sleep(2.5)  # the others report waiting; rank 0 must not look stuck in 'second'
+try:
+    fastreduce.allreduce_(z, comm=third)
+except CollectiveMismatch as exc:
+    f.check(False, f"a late rank after a raised deadlock was taken for a deadlock: {exc}")
+f.check(torch.equal(z, torch.full((3,), float(p))), f"after the deadlock: {z}")
 if rank == 0:
     print(f"different orders on two communicators: seen in {elapsed:.1f} s", flush=True)
 f.finish()
