@@ -156,6 +156,17 @@ def compute_subshape(P_shape, P_index, global_shape):
                      for p, i, n in zip(P_shape, P_index, global_shape, strict=True)])
 
 
+def rank_filled(P_x, x_global_shape):
+    """The example's input: this worker's block of x_global_shape, filled with rank + 1 (a
+    zero-volume tensor on inactive workers), requiring grad."""
+    x = zero_volume_tensor()
+    if P_x.active:
+        x_local_shape = compute_subshape(P_x.shape, P_x.index, x_global_shape)
+        x = torch.from_numpy(np.zeros(x_local_shape) + P_x.rank + 1)
+    x.requires_grad = True
+    return x
+
+
 def ex_all_reduce(P_world):
     P_world._comm.Barrier()
 
@@ -167,14 +178,7 @@ def ex_all_reduce(P_world):
     P_x_base = P_world.create_partition_inclusive(in_workers)
     P_x = P_x_base.create_cartesian_topology_partition(in_shape)
 
-    x_global_shape = np.array([6, 6])
-
-    x = zero_volume_tensor()
-    if P_x.active:
-        x_local_shape = compute_subshape(P_x.shape, P_x.index, x_global_shape)
-        x = np.zeros(x_local_shape) + P_x.rank + 1
-        x = torch.from_numpy(x)
-    x.requires_grad = True
+    x = rank_filled(P_x, np.array([6, 6]))
     row, col = P_x.index
     fails.check(x.shape == (3, 2), f"example: x shape {x.shape}")
 
@@ -203,13 +207,7 @@ def ex_all_reduce(P_world):
     expect(all_reduce_none(x), P_x.rank + 1, "axes_reduce=()")
 
     # Unequal shapes along the reduced axis: reduce locally first, then all-reduce.
-    x_global_shape = np.array([5, 7])
-    x = zero_volume_tensor()
-    if P_x.active:
-        x_local_shape = compute_subshape(P_x.shape, P_x.index, x_global_shape)
-        x = np.zeros(x_local_shape) + P_x.rank + 1
-        x = torch.from_numpy(x)
-    x.requires_grad = True
+    x = rank_filled(P_x, np.array([5, 7]))
     fails.check(x.shape == ([3, 2][row], [3, 2, 2][col]), f"example: x shape {x.shape}")
 
     x_prime = torch.sum(x, (1,), keepdim=True)
