@@ -17,6 +17,22 @@ ctypedef struct BufferView:
     bint on_device                # CUDA device or managed memory (not host, not pinned host)
     void* stream                  # GPU memory: the stream whose queued work produced it
     bint own_stream               # `stream` is fastreduce's: finish on the host before return
+    bint torch                    # a torch tensor (its storage can be swapped: set_, resize_)
+    int lazy                      # LAZY_* bits of the object read; `data` is then a resolved
+                                  # copy's (the owner acquire returns is a Resolved)
+
+# torch's lazy views: the memory holds the conjugate / the negation of the values
+cdef enum:
+    LAZY_CONJ = 1
+    LAZY_NEG = 2
+
+
+cdef class Resolved:
+    """A lazy view's values resolved into a copy, written back into the view on request."""
+    cdef readonly object view
+    cdef readonly object copy
+    cdef int write_back(self) except -1
+
 
 cdef str device_name(int device_type, int device_id)
 cdef object acquire(object obj, BufferView* view, bint writable, str role)

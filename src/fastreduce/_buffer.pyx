@@ -2,7 +2,8 @@
 
 import sys
 
-from cpython.object cimport PyTypeObject
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.weakref cimport PyWeakref_NewRef
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.ref cimport Py_DECREF
 from libc.stdint cimport int64_t, uint64_t
@@ -13,14 +14,15 @@ cdef extern from "<stdlib.h>" nogil:
 
 from ._dlpack cimport (
     DLPACK_FLAG_BITMASK_IS_COPIED, DLPACK_FLAG_BITMASK_READ_ONLY, DLManagedTensor,
-    DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor, kDLCPU, kDLCUDA, kDLCUDAHost,
-    kDLCUDAManaged, kDLROCM, kDLROCMHost,
+    DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor, kDLComplex, kDLCPU, kDLCUDA,
+    kDLCUDAHost, kDLCUDAManaged, kDLOpaqueHandle, kDLROCM, kDLROCMHost,
 )
 from ._cuda cimport consumer_stream, require_device
 from ._dtypes cimport kind_from_dlpack
 
 cdef extern from "Python.h":
     PyTypeObject* Py_TYPE(object)
+    PyObject* PyWeakref_GET_OBJECT(PyObject* ref)  # borrowed; no error
 
 cdef extern from "_hostpool.h" nogil:
     enum: FR_POOL_MIN_BYTES
@@ -37,11 +39,18 @@ ctypedef struct PooledTensor:
     size_t block_size                 # a cached block's size; 0: data follows the header
     # followed by ndim shape and ndim strides (int64_t), then, for small results, the data
 
-# The exchange API of each type seen so far (0: none). The dict holds the types,
-# so the one-entry cache's raw type pointer cannot dangle.
-cdef dict _api_by_type = {}
+# What each type seen so far is: (its exchange API as a number, 0 for none; TYPE_*; the
+# refusal's message for TYPE_REFUSED). The dict holds the types, so the one-entry cache's
+# raw type pointer cannot dangle.
+cdef enum:
+    TYPE_OTHER = 0    # not torch: DLPack says all there is
+    TYPE_TORCH = 1    # torch.Tensor, Parameter, subclasses without __torch_dispatch__
+    TYPE_REFUSED = 2  # a torch subclass with __torch_dispatch__: memory need not hold values
+
+cdef dict _type_info = {}
 cdef PyTypeObject* _last_type = NULL
 cdef const DLPackExchangeAPI* _last_api = NULL
+cdef int _last_kind = TYPE_OTHER
 cdef dict _empty_like_by_type = {}
 
 cdef dict _DEVICE_NAMES = {
@@ -57,41 +66,196 @@ cdef str device_name(int device_type, int device_id):
     return f"{_DEVICE_NAMES.get(device_type, f'DLPack device type {device_type}')}:{device_id}"
 
 
-cdef const DLPackExchangeAPI* _lookup_api(object tp) except? NULL:
-    cached = _api_by_type.get(tp)
-    if cached is None:
-        cached = 0
-        capsule = getattr(tp, "__dlpack_c_exchange_api__", None)
-        if capsule is not None and PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
-            api = <const DLPackExchangeAPI*>PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
-            if api.header.version.major == 1 and api.dltensor_from_py_object_no_sync != NULL:
-                cached = <size_t>api
-        _api_by_type[tp] = cached
-    return <const DLPackExchangeAPI*><size_t>cached
+cdef tuple _describe_type(object tp):
+    """(exchange API as a number or 0, TYPE_*, refusal message or None) for a type."""
+    cached = _type_info.get(tp)
+    if cached is not None:
+        return cached
+    api_number = 0
+    capsule = getattr(tp, "__dlpack_c_exchange_api__", None)
+    if capsule is not None and PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
+        api = <const DLPackExchangeAPI*>PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
+        if api.header.version.major == 1 and api.dltensor_from_py_object_no_sync != NULL:
+            api_number = <size_t>api
+    kind, refusal = _torch_kind(tp)
+    cached = (api_number, kind, refusal)
+    _type_info[tp] = cached
+    return cached
 
 
 def _uses_exchange_api(obj) -> bool:
     """Whether fastreduce reads `obj` through the DLPack C exchange API (the fast path)."""
-    return _lookup_api(type(obj)) != NULL
+    return _describe_type(type(obj))[0] != 0
+
+
+cdef inline int _look_up_type(PyTypeObject* tp) except -1:
+    global _last_type, _last_api, _last_kind
+    if tp != _last_type:
+        api_number, kind, _ = _describe_type(<object>tp)
+        _last_api = <const DLPackExchangeAPI*><size_t>api_number
+        _last_kind = kind
+        _last_type = tp
+    return 0
 
 
 cdef object acquire(object obj, BufferView* view, bint writable, str role):
-    """Fill `view` from any DLPack producer; returns what must stay alive while it is used."""
-    global _last_type, _last_api
+    """Fill `view` from any DLPack producer; returns what must stay alive while it is used.
+
+    A torch lazy view (conjugate or negative bit) is read through a resolved copy: `view`
+    then describes the copy, view.lazy says so, and the owner returned is a Resolved
+    holding the copy (its write_back() stores a result into the view, for in-place calls).
+    """
     cdef DLTensor dl
-    cdef PyTypeObject* tp = Py_TYPE(obj)
-    if tp != _last_type:
-        _last_api = _lookup_api(<object>tp)
-        _last_type = tp
+    _look_up_type(Py_TYPE(obj))
+    cdef int kind = _last_kind
     cdef const DLPackExchangeAPI* api = _last_api
+    if kind == TYPE_REFUSED:
+        raise TypeError(_type_info[type(obj)][2].format(role=role))
     if api != NULL:
-        api.dltensor_from_py_object_no_sync(<void*>obj, &dl)
+        try:
+            api.dltensor_from_py_object_no_sync(<void*>obj, &dl)
+        except Exception as exc:  # torch's reason (sparse, nested, meta, ...) in our words
+            raise _unreadable(obj, role, exc) from None
         _fill_view(&dl, view, 0, writable, role)
         view.api = api
+        if kind == TYPE_TORCH:
+            view.torch = True
+            if not _known_plain(obj):
+                _check_lazy(obj, view)
+                if view.lazy:
+                    return _read_resolved(obj, view, writable, role)
         if view.on_device:
             _producer_stream(view, role)
         return None
-    return _acquire_from_capsule(obj, view, writable, role)
+    if kind == TYPE_TORCH and not _known_plain(obj):
+        view.dtype.code = kDLOpaqueHandle  # not read yet: ask for both bits
+        _check_lazy(obj, view)
+        if view.lazy:
+            return _read_resolved(obj, view, writable, role)
+    owner = _acquire_from_capsule(obj, view, writable, role)
+    view.torch = kind == TYPE_TORCH
+    return owner
+
+
+# --- torch's lazy views and tensor subclasses --------------------------------------------
+#
+# torch can give a tensor whose memory is not its values: conj() of a complex tensor sets
+# the conjugate bit (memory holds the conjugates), .imag of such a view and _neg_view()
+# the negative bit (memory holds the negations). DLPack's C exchange API hands over the
+# memory as it is. Asking torch costs about 0.15 us a call here, so tensors found plain
+# are remembered (by weak reference: a new tensor at a freed one's address is not mistaken
+# for it) in a small table, and a tensor passed again costs a pointer comparison.
+
+cdef enum:
+    PLAIN_SLOTS = 64  # a power of two
+
+cdef void* _plain_keys[PLAIN_SLOTS]
+cdef list _plain_refs = [None] * PLAIN_SLOTS
+cdef object _is_conj = None  # torch.Tensor.is_conj, is_neg: set with the first torch type
+cdef object _is_neg = None
+
+
+cdef inline bint _known_plain(object obj) noexcept:
+    cdef size_t slot = (<size_t><void*>obj >> 4) & (PLAIN_SLOTS - 1)
+    if _plain_keys[slot] != <void*>obj:
+        return False
+    return <void*>PyWeakref_GET_OBJECT(<PyObject*>_plain_refs[slot]) == <void*>obj
+
+
+cdef int _check_lazy(object obj, BufferView* view) except -1:
+    """Set view.lazy from torch's bits; remember a plain tensor."""
+    cdef int bits = 0
+    if (view.dtype.code == kDLComplex or view.dtype.code == kDLOpaqueHandle) and _is_conj(obj):
+        bits |= LAZY_CONJ
+    if _is_neg(obj):
+        bits |= LAZY_NEG
+    view.lazy = bits
+    cdef size_t slot
+    if bits == 0:
+        try:
+            ref = PyWeakref_NewRef(obj, None)
+        except TypeError:  # a type without weak references: asked every time
+            return 0
+        slot = (<size_t><void*>obj >> 4) & (PLAIN_SLOTS - 1)
+        _plain_refs[slot] = ref
+        _plain_keys[slot] = <void*>obj
+    return 0
+
+
+cdef class Resolved:
+    """A lazy view's values resolved into a copy, written back into the view on request."""
+
+    def __cinit__(self, view, copy):
+        self.view = view
+        self.copy = copy
+
+    cdef int write_back(self) except -1:
+        """Store the copy's values into the view (torch applies the view's bits)."""
+        self.view.copy_(self.copy)
+        return 0
+
+
+cdef object _read_resolved(object obj, BufferView* view, bint writable, str role):
+    """Read a lazy view through a resolved copy of its values (see acquire)."""
+    cdef int bits = view.lazy
+    resolved = Resolved(obj, obj.resolve_conj().resolve_neg())
+    acquire(resolved.copy, view, writable, role)  # torch: the copy is its own owner
+    view.lazy = bits
+    return resolved
+
+
+cdef tuple _torch_kind(object tp):
+    """(TYPE_*, refusal message) for a type: torch tensors are recognised by their base
+    class, without importing torch."""
+    global _is_conj, _is_neg
+    base = None
+    for cls in getattr(tp, "__mro__", ()):
+        if cls.__module__ == "torch" and cls.__qualname__ == "Tensor":
+            base = cls
+            break
+    if base is None:
+        return TYPE_OTHER, None
+    _is_conj, _is_neg = base.is_conj, base.is_neg
+    dispatches = False
+    for cls in tp.__mro__:
+        if cls not in base.__mro__ and "__torch_dispatch__" in vars(cls):
+            dispatches = True
+    if not dispatches:
+        return TYPE_TORCH, None
+    name = tp.__qualname__
+    if "FakeTensor" in name or "FunctionalTensor" in name:
+        fix = ("it stands for a tensor while torch.compile (or a FakeTensorMode) traces and "
+               "has no data; in compiled code call fastreduce.ops.allreduce / allreduce_ or "
+               "the fastreduce.nn layers, which torch.compile traces as custom ops")
+    elif name == "DTensor":
+        fix = ("reduce its local shard explicitly (fastreduce.allreduce_(x.to_local())) or "
+               "let DTensor redistribute it")
+    else:
+        fix = ("a subclass with __torch_dispatch__ computes its values, so its memory need "
+               "not hold them; pass a plain tensor")
+    return TYPE_REFUSED, f"fastreduce: {{role}} is a {tp.__module__}.{name}: {fix}"
+
+
+cdef object _unreadable(object obj, str role, BaseException exc):
+    """The exception for a tensor torch could not hand over through DLPack."""
+    if getattr(obj, "is_nested", False):
+        return TypeError(f"fastreduce: {role} is a nested tensor, which has no single dense "
+                         f"memory; reduce its components (x.unbind()) or, for the jagged "
+                         f"layout, x.values()")
+    layout = getattr(obj, "layout", None)
+    if layout is not None and str(layout) != "torch.strided":
+        return TypeError(f"fastreduce: {role} has layout {layout}; fastreduce reduces dense "
+                         f"tensors: reduce x.to_dense(), or the values of a sparse tensor "
+                         f"whose indices are the same on every rank")
+    if getattr(obj, "is_quantized", False):
+        return TypeError(f"fastreduce: {role} is quantized ({obj.dtype}); reduce "
+                         f"x.dequantize() (or x.int_repr() with an op that suits it)")
+    device = getattr(obj, "device", None)
+    if device is not None and getattr(device, "type", "cpu") not in ("cpu", "cuda"):
+        return TypeError(f"fastreduce: {role} lives on {device}, which has "
+                         f"{'no data' if device.type == 'meta' else 'no memory MPI can read'}"
+                         f"; fastreduce reduces host and CUDA memory")
+    return BufferError(f"fastreduce: {role} cannot be read through DLPack: {exc}")
 
 
 cdef int _producer_stream(BufferView* view, str role) except -1:
@@ -133,13 +297,17 @@ cdef object _acquire_from_capsule(object obj, BufferView* view, bint writable, s
             f"or another DLPack producer") from None
     stream = _export_stream(obj, role)
     try:
-        if stream is None:
-            capsule = export(max_version=(1, 3))
-        else:
-            capsule = export(stream=stream, max_version=(1, 3))
-    except TypeError:
-        # a producer older than DLPack 1.0
-        capsule = export() if stream is None else export(stream=stream)
+        try:
+            if stream is None:
+                capsule = export(max_version=(1, 3))
+            else:
+                capsule = export(stream=stream, max_version=(1, 3))
+        except TypeError:
+            # a producer older than DLPack 1.0
+            capsule = export() if stream is None else export(stream=stream)
+    except BufferError as exc:  # the producer's refusal, with what to do about it
+        raise BufferError(f"fastreduce: {role} cannot be exported through DLPack: "
+                          f"{exc}{_export_hint(obj)}") from None
     cdef DLManagedTensorVersioned* versioned
     cdef DLManagedTensor* legacy
     if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
@@ -166,6 +334,13 @@ cdef object _acquire_from_capsule(object obj, BufferView* view, bint writable, s
     # The capsule still carries its name, so when it is released its destructor
     # calls the producer's deleter, as the DLPack protocol prescribes.
     return capsule
+
+
+cdef str _export_hint(object obj):
+    dtype = getattr(obj, "dtype", None)
+    if getattr(dtype, "byteorder", "=") not in ("=", "|"):
+        return "; convert it to this machine's byte order: x.astype(x.dtype.newbyteorder('='))"
+    return ""
 
 
 cdef int _fill_view(const DLTensor* dl, BufferView* view, uint64_t flags, bint writable,
@@ -200,6 +375,11 @@ cdef int _fill_view(const DLTensor* dl, BufferView* view, uint64_t flags, bint w
     if writable and flags & DLPACK_FLAG_BITMASK_IS_COPIED:
         raise BufferError(f"fastreduce: {role} was exported as a copy, so results written "
                           f"to it would be lost; pass a tensor whose memory can be shared")
+    if dl.data == NULL and expected != 0:
+        raise BufferError(
+            f"fastreduce: {role} has no memory (its DLPack data pointer is NULL): a tensor "
+            f"that only stands for values (a functional or fake tensor, as torch.compile "
+            f"makes); pass a tensor that holds its values")
     view.data = <char*>dl.data + dl.byte_offset
     view.count = expected
     view.kind = kind
@@ -211,6 +391,8 @@ cdef int _fill_view(const DLTensor* dl, BufferView* view, uint64_t flags, bint w
     view.on_device = device == kDLCUDA or device == kDLCUDAManaged
     view.stream = NULL
     view.own_stream = False
+    view.torch = False
+    view.lazy = 0
     return 0
 
 

@@ -13,7 +13,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from ._buffer cimport BufferView, acquire, check_same_layout, device_name, new_like
+from ._buffer cimport BufferView, Resolved, acquire, check_same_layout, device_name, new_like
 from ._cuda cimport (
     MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, check_not_capturing, chunk_bytes,
     copy_async, cudaStream_t, event_sync, staging_give, staging_order, staging_release,
@@ -48,7 +48,9 @@ def default_comm():
     """The communicator used when comm=None: a duplicate of COMM_WORLD, made once (collective)."""
     global _default_comm, _default_handle
     if _default_comm is None:
-        comm = _MPI.COMM_WORLD.Dup()
+        comm = None
+        with _setup_recorded("MPI_Comm_dup: the default communicator", _MPI.COMM_WORLD):
+            comm = _MPI.COMM_WORLD.Dup()
         comm.Set_errhandler(_MPI.ERRORS_RETURN)
         comm.Set_name("fastreduce default")
         _default_comm = comm
@@ -89,16 +91,22 @@ cdef inline object _prepare(object x, object op, object comm, bint writable,
     return owner
 
 
-cdef inline object _prepare_out(object x, object out, BufferView* view, BufferView* result):
-    """A new result like x, or the validated `out`; fills `result` and returns the result.
+cdef inline object _prepare_out(object out, BufferView* view, BufferView* result):
+    """Validate `out` against x's view and fill `result`; returns out's owner (a Resolved
+    when out is a lazy view: the result goes to a copy, then into out).
 
     `out` itself keeps its memory alive: an export that is a copy is refused for writing.
     """
-    if out is None:
-        return new_like(x, view, result)
-    acquire(out, result, True, "out")
+    owner = acquire(out, result, True, "out")
     check_same_layout(view, result)
-    return out
+    return owner
+
+
+cdef inline int _write_back(object owner) except -1:
+    """In-place results reduced in a lazy view's resolved copy: store them into the view."""
+    if owner is not None and type(owner) is Resolved:
+        (<Resolved>owner).write_back()
+    return 0
 
 
 # --- debug mode (FASTREDUCE_DEBUG=1, fastreduce.set_debug): every rank agrees on each call
@@ -142,6 +150,26 @@ cdef object _flight_begin(object comm, str call, int64_t count, int kind, bint b
     return begin(call, comm, count, KIND_NAMES[kind], blocking)
 
 
+cdef object _setup_recorded(str call, object comm):
+    """A context recording a set-up collective while a timeout is set (watchdog.recorded)."""
+    if not _recording:
+        return _NOT_RECORDED
+    from .watchdog import recorded
+
+    return recorded(call, comm)
+
+
+class _NotRecorded:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOT_RECORDED = _NotRecorded()
+
+
 cdef void _flight_end(object entry, bint ok) noexcept:
     if entry is not None:
         entry.state = "done" if ok else "failed"
@@ -174,6 +202,8 @@ def allreduce_(x, op="sum", *, comm=None):
     if _debug:
         _debug_check(comm, "allreduce_", &view, op)
     _blocking(&view, &view, MPI_IN_PLACE, red, handle, comm, "allreduce_")
+    if view.lazy:
+        _write_back(_owner)
     return x
 
 
@@ -195,11 +225,17 @@ def allreduce(x, op="sum", *, comm=None, out=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     _owner = _prepare(x, op, comm, False, &view, &handle, &red)
-    out = _prepare_out(x, out, &view, &result)
+    out_owner = None
+    if out is None:
+        out = new_like(x, &view, &result)
+    else:
+        out_owner = _prepare_out(out, &view, &result)
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if _debug:
         _debug_check(comm, "allreduce", &view, op)
     _blocking(&view, &result, sendbuf, red, handle, comm, "allreduce")
+    if result.lazy:
+        _write_back(out_owner)
     return out
 
 
@@ -238,6 +274,9 @@ cdef class Request:
     cdef Job job              # the progress engine's job, if it runs this request
     cdef list callbacks       # add_done_callback's, for requests MPI completes
     cdef object flight        # its flight-record entry, while a timeout is set
+    cdef object writeback     # a Resolved: the result goes into a lazy view when done
+    cdef char* result_data    # where the result tensor's memory was when it started, for a
+                              # tensor whose storage can be swapped (torch), else NULL
     cdef object __weakref__
 
     def __cinit__(self):
@@ -245,12 +284,15 @@ cdef class Request:
         self.nhandles = 0
         self.pending = False
         self.staging = NULL
+        self.result_data = NULL
 
     def __dealloc__(self):
         if self.pending and self.job is not None:
             if self.job.done:  # finished: order the stream and release, quietly
                 try:
                     self.job.cleanup()
+                    if self.job.error is None and self.writeback is not None:
+                        (<Resolved>self.writeback).write_back()
                 except BaseException:  # noqa: BLE001  (nowhere to report it from here)
                     pass
             else:  # the engine releases it when done; its tensors stay alive until then
@@ -265,22 +307,27 @@ cdef class Request:
                 return
             with nogil:  # complete it before its buffers go: MPI may still write them
                 MPI_Waitall(self.nhandles, self.handles, MPI_STATUSES_IGNORE)
-            if self.staging != NULL:  # deliver the result, as on the host path
-                self._deliver_quietly()
+            if self.staging != NULL or self.writeback is not None:
+                self._deliver_quietly()  # deliver the result, as wait() would
         free(self.handles)
 
     cdef void _deliver_quietly(self) noexcept:
-        """For a dropped staged request: divide, copy out and release, reporting nothing."""
+        """For a dropped request: divide, copy out (staged), write a lazy view back and
+        release, reporting nothing."""
         cdef int size = 1
         try:
             if self.red.divide_kind >= 0 and MPI_Comm_size(self.handle, &size) == MPI_SUCCESS:
                 with nogil:
                     fr_divide(self.recvbuf, self.count, self.red.divide_kind, size)
-            self._stage_out()
+            if self.staging != NULL:
+                self._stage_out()
+            if self.writeback is not None:
+                (<Resolved>self.writeback).write_back()
         except BaseException:  # noqa: BLE001  (nowhere to report it from here)
             pass
-        staging_give(self.staging)
-        self.staging = NULL
+        if self.staging != NULL:
+            staging_give(self.staging)
+            self.staging = NULL
 
     cdef int _check_comm(self) except -1:
         if self.comm is not None and (<MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
@@ -304,12 +351,35 @@ cdef class Request:
                     fr_divide(self.recvbuf, self.count, self.red.divide_kind, size)
             if self.staging != NULL:
                 self._stage_out()
+            self._deliver()
         finally:
             if self.staging != NULL:
                 staging_give(self.staging)
                 self.staging = NULL
             self.keep = None
+            self.writeback = None
             self._run_callbacks()
+        return 0
+
+    cdef int _deliver(self) except -1:
+        """Done without error: the result into a lazy view, and a check that the result
+        tensor still has the memory MPI wrote (x.set_() or x.resize_() meanwhile)."""
+        cdef BufferView now
+        if self.writeback is not None:
+            (<Resolved>self.writeback).write_back()
+        if self.result_data == NULL:
+            return 0
+        try:
+            _owner = acquire(self.result, &now, False, "the result")
+            moved = now.data != self.result_data
+        except Exception:  # noqa: BLE001  (no longer readable at all: moved too)
+            moved = True
+        if moved:
+            raise BufferError(
+                "fastreduce: the tensor this request writes had its memory replaced "
+                "(x.set_(), x.resize_() to a larger size, ...) before the request completed; "
+                "the reduced values went to its old memory, which the request kept alive, and "
+                "are lost; leave a tensor's storage alone until wait() returns")
         return 0
 
     cdef void _run_callbacks(self) noexcept:
@@ -343,8 +413,13 @@ cdef class Request:
         _pending.discard(self)
         error = self.job.error
         _flight_end(self.flight, error is None)
-        self.job.cleanup()
-        self.keep = None
+        try:
+            self.job.cleanup()
+            if error is None:
+                self._deliver()
+        finally:
+            self.keep = None
+            self.writeback = None
         if error is not None:
             raise error
         return 0
@@ -467,21 +542,43 @@ def iallreduce_(x, op="sum", *, comm=None):
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
     if _debug:
         _debug_check(comm, "iallreduce_", &view, op)
+    keep = (x, owner, _storage(x, &view))
+    cdef Request req = _iallreduce_inplace(x, comm, keep, &view, handle, red)
+    _guard(req, &view, owner)
     if _recording:
-        return _recorded(_iallreduce_inplace(x, comm, owner, &view, handle, red), comm,
-                         "iallreduce_", &view)
-    return _iallreduce_inplace(x, comm, owner, &view, handle, red)
+        return _recorded(req, comm, "iallreduce_", &view)
+    return req
 
 
-cdef Request _iallreduce_inplace(object x, object comm, object owner, BufferView* view,
+cdef object _storage(object x, BufferView* view):
+    """What keeps x's memory itself alive: for torch (whose x.set_() and x.resize_() swap
+    it under the tensor object) its storage; else the object and its export suffice."""
+    if view.torch and not view.lazy:
+        return x.untyped_storage()
+    return None
+
+
+cdef int _guard(Request req, BufferView* result, object owner) except -1:
+    """Give a started request what it must do when it completes: write a lazy view's result
+    back, or check that a torch result still has the memory MPI wrote."""
+    if result.lazy:
+        req.writeback = owner
+        if not req.pending and req.job is None:  # nothing was in flight: deliver now
+            _write_back(owner)
+            req.writeback = None
+    elif result.torch:
+        req.result_data = result.data
+    return 0
+
+
+cdef Request _iallreduce_inplace(object x, object comm, object keep, BufferView* view,
                                  MPI_Comm handle, const Reduction* red):
     if view.on_device:
-        return _device_start(view, view, MPI_IN_PLACE, red, handle, comm, x, (x, owner))
+        return _device_start(view, view, MPI_IN_PLACE, red, handle, comm, x, keep)
     if host_enabled(view.count * red.itemsize):
-        return _engine_host_start(MPI_IN_PLACE, view.data, view.count, red, comm, x,
-                                  (x, owner))
+        return _engine_host_start(MPI_IN_PLACE, view.data, view.count, red, comm, x, keep)
     return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
-                  default_comm() if comm is None else comm, x, (x, owner))
+                  default_comm() if comm is None else comm, x, keep)
 
 
 def iallreduce(x, op="sum", *, comm=None, out=None):
@@ -490,26 +587,34 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     owner = _prepare(x, op, comm, False, &view, &handle, &red)
-    out = _prepare_out(x, out, &view, &result)
+    out_owner = None
+    given = out is not None
+    if given:
+        out_owner = _prepare_out(out, &view, &result)
+    else:
+        out = new_like(x, &view, &result)
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if _debug:
         _debug_check(comm, "iallreduce", &view, op)
+    keep = (x, owner, out, out_owner, _storage(x, &view),
+            _storage(out, &result) if given else None)
+    cdef Request req = _iallreduce_new(comm, out, keep, &view, &result, sendbuf, handle, red)
+    if given:
+        _guard(req, &result, out_owner)
     if _recording:
-        return _recorded(_iallreduce_new(x, comm, owner, out, &view, &result, sendbuf, handle,
-                                         red), comm, "iallreduce", &view)
-    return _iallreduce_new(x, comm, owner, out, &view, &result, sendbuf, handle, red)
+        return _recorded(req, comm, "iallreduce", &view)
+    return req
 
 
-cdef Request _iallreduce_new(object x, object comm, object owner, object out,
-                             BufferView* view, BufferView* result, const void* sendbuf,
-                             MPI_Comm handle, const Reduction* red):
+cdef Request _iallreduce_new(object comm, object out, object keep, BufferView* view,
+                             BufferView* result, const void* sendbuf, MPI_Comm handle,
+                             const Reduction* red):
     if view.on_device:
-        return _device_start(view, result, sendbuf, red, handle, comm, out, (x, owner, out))
+        return _device_start(view, result, sendbuf, red, handle, comm, out, keep)
     if host_enabled(view.count * red.itemsize):
-        return _engine_host_start(sendbuf, result.data, view.count, red, comm, out,
-                                  (x, owner, out))
+        return _engine_host_start(sendbuf, result.data, view.count, red, comm, out, keep)
     return _start(sendbuf, result.data, view.count, red, handle,
-                  default_comm() if comm is None else comm, out, (x, owner, out))
+                  default_comm() if comm is None else comm, out, keep)
 
 
 cdef Request _recorded(Request req, object comm, str call, BufferView* view):
@@ -625,7 +730,8 @@ cdef object _engine_comm(object comm):
         _dup_keyval = _MPI.Comm.Create_keyval(delete_fn=_free_duplicate)
     dup = comm.Get_attr(_dup_keyval)
     if dup is None:
-        dup = comm.Dup()
+        with _setup_recorded("MPI_Comm_dup: the progress engine's", comm):
+            dup = comm.Dup()
         dup.Set_errhandler(_MPI.ERRORS_RETURN)
         comm.Set_attr(_dup_keyval, dup)
     return dup
@@ -672,6 +778,9 @@ def wait_all(requests) -> list:
         if not isinstance(obj, Request):
             raise TypeError(f"fastreduce: wait_all takes fastreduce Requests, not "
                             f"{type(obj).__qualname__}")
+    results = requests
+    requests = list({id(obj): obj for obj in requests}.values())  # each once: MPI_Waitall
+    for obj in requests:                                           # of a handle twice hangs
         req = <Request>obj
         if req.pending and req.job is None:
             req._check_comm()
@@ -703,7 +812,7 @@ def wait_all(requests) -> list:
     for obj in requests:  # the progress engine's requests
         if (<Request>obj).pending:
             obj.wait()
-    return [(<Request>obj).result for obj in requests]
+    return [(<Request>obj).result for obj in results]
 
 
 def _complete_pending_requests() -> None:
@@ -792,6 +901,7 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
             if reds[views[i].kind] == NULL:
                 reds[views[i].kind] = get_reduction(views[i].kind, code)
             counts[views[i].kind] += views[i].count
+        _refuse_overlaps(views, n)
         if _debug:
             from ._ops import KIND_NAMES
             from .checks import fingerprint
@@ -817,6 +927,9 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
                         stream_sync(<cudaStream_t>views[i].stream)
             if views[0].device_type == kDLCUDA:
                 _coalesced_device(views, n, counts, reds, handle, comm)
+                for i in range(n):
+                    if views[i].lazy:
+                        _write_back(owners[i])
                 ok = True
                 return tensors
             with nogil:  # managed memory: the host path, once the producer is done
@@ -847,11 +960,28 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
                     _flat_busy[k] = False
                 else:
                     free(flat)
+        for i in range(n):
+            if views[i].lazy:
+                _write_back(owners[i])
         ok = True
     finally:
         free(views)
         _flight_end(entry, ok)
     return tensors
+
+
+cdef int _refuse_overlaps(BufferView* views, int n) except -1:
+    """ValueError when two of a coalesced call's tensors share memory (each would be
+    reduced into the other's result)."""
+    spans = sorted([(<size_t>views[i].data, views[i].count * (views[i].dtype.bits // 8), i)
+                    for i in range(n) if views[i].count])
+    for (start, nbytes, i), (next_start, _, j) in zip(spans, spans[1:]):
+        if next_start < start + nbytes:
+            first, second = min(i, j), max(i, j)
+            raise ValueError(f"fastreduce: tensors[{first}] and tensors[{second}] share "
+                             f"memory (the same tensor twice, or overlapping views); pass "
+                             f"each memory once")
+    return 0
 
 
 cdef int _coalesced_device(BufferView* views, int n, int64_t* counts, const Reduction** reds,

@@ -16,6 +16,7 @@ cdef enum:
     kDLInt = 0
     kDLUInt = 1
     kDLFloat = 2
+    kDLOpaqueHandle = 3
     kDLBfloat = 4
     kDLComplex = 5
     kDLBool = 6

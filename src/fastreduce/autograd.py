@@ -14,6 +14,7 @@ import os
 import torch
 from mpi4py import MPI
 
+from . import watchdog
 from ._collectives import allreduce, default_comm
 from .ops import _DETACH, TRACEABLE, comm_constant, comm_id  # registers the custom ops
 from .partition import CartesianPartition, Partition
@@ -36,7 +37,8 @@ def set_consistency_checks(enabled: bool) -> bool:
 def _check_same_everywhere(x: torch.Tensor, comm: MPI.Comm, what: str) -> None:
     """Raise on every rank of comm when the ranks' tensors differ in dtype or shape."""
     mine = (str(x.dtype), tuple(x.shape))
-    everyone = comm.allgather(mine)
+    with watchdog.recorded(f"{what}: consistency check (MPI_Allgather)", comm):
+        everyone = comm.allgather(mine)
     if any(other != mine for other in everyone):
         listing = ", ".join(f"rank {r}: {d} {list(s)}" for r, (d, s) in enumerate(everyone))
         raise ValueError(f"fastreduce: {what}: the ranks of the communicator passed tensors "

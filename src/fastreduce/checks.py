@@ -17,6 +17,8 @@ import time
 
 from mpi4py import MPI
 
+from . import watchdog
+
 __all__ = ["CollectiveMismatch", "agree", "debug", "fingerprint", "set_debug"]
 
 
@@ -46,14 +48,15 @@ def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None =
     others are not left waiting). Otherwise every rank raises: the refusing ranks their own
     error, the others CollectiveMismatch."""
     mine = (what, fields, None if error is None else f"{type(error).__name__}: {error}")
-    if _debug and _channel is not None:  # wait where a deadlock can be seen
-        everyone = _gather_watching(comm, mine)
-        if everyone is None:  # every rank sent the same bytes
-            if error is None:
-                return
-            everyone = [mine] * comm.Get_size()  # every rank refused alike
-    else:
-        everyone = comm.allgather(mine)
+    with watchdog.recorded(f"agreement on {what} (MPI_Allgather)", comm):
+        if _debug and _channel is not None:  # wait where a deadlock can be seen
+            everyone = _gather_watching(comm, mine)
+            if everyone is None:  # every rank sent the same bytes
+                if error is None:
+                    return
+                everyone = [mine] * comm.Get_size()  # every rank refused alike
+        else:
+            everyone = comm.allgather(mine)
     refused = [(r, e) for r, (_, _, e) in enumerate(everyone) if e is not None]
     if refused:
         if error is not None:

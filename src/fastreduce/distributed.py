@@ -799,13 +799,15 @@ def _create(options, backend_options=None) -> ProcessGroupFastreduce:
     ranks = list(options.global_ranks_in_group)
     if comm is None:
         if not ranks or ranks == list(range(world.Get_size())):
-            comm = world.Dup()
+            with watchdog.recorded("MPI_Comm_dup: a process group", world):
+                comm = world.Dup()
         else:
             group = world.Get_group()
             try:
                 subgroup = group.Incl(ranks)
                 try:
-                    comm = world.Create_group(subgroup, tag=_GROUP_TAG)
+                    with watchdog.recorded(f"MPI_Comm_create_group: ranks {ranks}", world):
+                        comm = world.Create_group(subgroup, tag=_GROUP_TAG)
                 finally:
                     subgroup.Free()
             finally:
@@ -864,7 +866,8 @@ def _mpi_rendezvous(url: str = "mpi://", timeout=None, **kwargs):
         address = (socket.gethostname(), store.port)
     else:
         address = None
-    address = world.bcast(address, root=0)
+    with watchdog.recorded("rendezvous: the store's address (MPI_Bcast)", world):
+        address = world.bcast(address, root=0)
     if rank != 0:
         store = dist.TCPStore(address[0], address[1], size, is_master=False, timeout=timeout)
     yield store, rank, size

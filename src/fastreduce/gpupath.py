@@ -26,6 +26,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from . import watchdog
+
 __all__ = [
     "CALIBRATION_SIZES",
     "CalibrationError",
@@ -362,7 +364,8 @@ def _agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
         error = None
     except ValueError as exc:
         mine, error = None, str(exc)
-    everyone = comm.allgather((mine, error))
+    with watchdog.recorded("GPU path settings agreement (MPI_Allgather)", comm):
+        everyone = comm.allgather((mine, error))
     failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err]
     if error:
         raise ValueError(error)
@@ -467,10 +470,17 @@ def calibrate(comm=None, *, details: bool = False):
     where the slowest rank's median is lower. A failure on any rank (a CUDA or MPI error)
     raises the same CalibrationError on every rank.
     """
-    from . import _collectives, _cuda, _reduce
+    from . import _collectives
 
     if comm is None:
         comm = _collectives.default_comm()
+    with watchdog.recorded("GPU path calibration", comm):
+        return _calibrate(comm, details)
+
+
+def _calibrate(comm, details: bool):
+    from . import _cuda, _reduce
+
     support = device_pointer_support()
     if not support.blocking:
         table = PathTable(((0, "staged"),), f"not calibrated: {support.why}")

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from mpi4py import MPI
 
+from . import watchdog
 from ._collectives import default_comm
 from .checks import agree
 
@@ -182,7 +183,8 @@ class Partition:
                                f"but this partition has {self.size}")
         agree(self._comm, "create_cartesian_topology_partition",
               {"shape": shape, "periods": periods}, error)
-        comm = self._comm.Create_cart(shape, periods=periods, reorder=False)
+        with watchdog.recorded("MPI_Cart_create: a Cartesian partition", self._comm):
+            comm = self._comm.Create_cart(shape, periods=periods, reorder=False)
         return _owning(CartesianPartition(comm, shape), comm)
 
 
@@ -241,7 +243,8 @@ class CartesianPartition(Partition):
             # MPI_Cart_sub with different axes on different ranks (e.g. layers built in a
             # rank-dependent order) crashes some MPIs: agree first, raise everywhere
             agree(self._comm, "a sub-communicator (MPI_Cart_sub)", {"axes": list(key)})
-            comm = self._comm.Sub([axis in key for axis in range(self.dim)])
+            with watchdog.recorded(f"MPI_Cart_sub: axes {list(key)}", self._comm):
+                comm = self._comm.Sub([axis in key for axis in range(self.dim)])
             comm.Set_errhandler(MPI.ERRORS_RETURN)
         subs[key] = comm
         return comm

@@ -12,7 +12,7 @@ import os
 
 from mpi4py import MPI
 
-from . import _gpupath
+from . import _gpupath, watchdog
 from ._cuda import copy_counts as gpu_copy_counts
 from ._cuda import plan_staging, set_staging_chunk
 from ._cuda import reset_copy_counts as reset_gpu_copy_counts
@@ -37,7 +37,8 @@ __all__ = ["CalibrationError", "calibrate", "cuda_aware", "cuda_runtime_info",
 @functools.cache
 def _node_comm() -> MPI.Intracomm:
     """COMM_WORLD split by shared-memory node (MPI_Comm_split_type), made once (collective)."""
-    return MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=MPI.COMM_WORLD.Get_rank())
+    with watchdog.recorded("MPI_Comm_split_type: the node's ranks", MPI.COMM_WORLD):
+        return MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=MPI.COMM_WORLD.Get_rank())
 
 
 def local_rank() -> int:

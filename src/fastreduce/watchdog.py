@@ -17,6 +17,7 @@ none; the watchdog thread is the way.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import sys
@@ -25,7 +26,7 @@ import time
 
 from mpi4py import MPI
 
-__all__ = ["flight_record", "format_record", "set_timeout", "timeout"]
+__all__ = ["flight_record", "format_record", "recorded", "set_timeout", "timeout"]
 
 _timeout: float | None = None
 _record: collections.deque = collections.deque(maxlen=64)
@@ -70,6 +71,22 @@ def begin(call: str, comm, count: int, dtype: str, blocking: bool = True) -> Ent
     return entry
 
 
+@contextlib.contextmanager
+def recorded(call: str, comm=None):
+    """Record a set-up collective (a communicator made, settings agreed, a calibration)
+    while it runs, when a timeout is set: a rank that never arrives is seen there too."""
+    if _timeout is None:
+        yield
+        return
+    entry = begin(call, comm, 0, "set-up")
+    try:
+        yield
+    except BaseException:
+        end(entry, False)
+        raise
+    end(entry)
+
+
 def waiting(entry: Entry) -> None:
     """A request's wait() has begun: from now on it can be stuck."""
     if entry.state == "started":
@@ -94,10 +111,12 @@ def format_record(stuck: Entry | None = None) -> str:
     rank = MPI.COMM_WORLD.Get_rank()
     lines = [f"fastreduce flight record, rank {rank} (last {len(_record)} collectives, "
              f"oldest first):"]
-    for e in list(_record):
+    entries = list(_record)
+    width = max([22, *(len(e.call) for e in entries)])
+    for e in entries:
         mark = ">>" if e is stuck else "  "
         age = f"{now - e.started:8.2f} s ago"
-        lines.append(f"{mark} #{e.number:<6} {e.call:22s} {e.comm:34s} count {e.count:<10} "
+        lines.append(f"{mark} #{e.number:<6} {e.call:{width}s} {e.comm:34s} count {e.count:<10} "
                      f"{e.dtype:9s} started {age}  {e.state}")
     return "\n".join(lines)
 
