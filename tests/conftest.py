@@ -16,3 +16,13 @@ def fake_cuda(monkeypatch):
                      "FASTREDUCE_GPU_PATH", "FASTREDUCE_GPU_THRESHOLDS",
                      "FASTREDUCE_GPU_THRESHOLDS_FILE", "FASTREDUCE_DEVICE_POINTERS"):
         monkeypatch.delenv(variable, raising=False)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `long` run only when selected (pytest -m long): CI stays short."""
+    if "long" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="a long run: select it with pytest -m long")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)

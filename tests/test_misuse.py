@@ -52,6 +52,29 @@ def test_timeout_ends_a_hung_job(monkeypatch, nprocs):
     assert "not reached" not in out, out
 
 
+@pytest.mark.parametrize(("where", "names"), [
+    ("first-allreduce", "MPI_Comm_dup: the default communicator"),
+    ("partition", "agreement on create_cartesian_topology_partition"),
+    ("local-rank", "MPI_Comm_split_type: the node's ranks"),
+])
+def test_timeout_sees_the_first_collective(monkeypatch, where, names):
+    """A rank that never reaches the first collective (it failed while loading data): the
+    set-up collectives (the default communicator made, an agreement, the node's split) are
+    in the flight record, so the watchdog ends the job within the timeout and names them."""
+    import time
+
+    from mpirun import WORKERS, run_mpi
+
+    monkeypatch.setenv("FASTREDUCE_TIMEOUT", "3")
+    start = time.monotonic()
+    rc, out = run_mpi(3, sys.executable, str(WORKERS / "timeout.py"), "60", where, timeout=90)
+    elapsed = time.monotonic() - start
+    assert rc != 0 and elapsed < 35, (rc, elapsed, out)
+    assert "has not completed in 3 s" in out and names in out, out
+    assert "flight record" in out and ">>" in out and "set-up" in out, out
+    assert "not reached" not in out, out
+
+
 @pytest.mark.parametrize("nprocs", [1, 3])
 def test_flight_record(nprocs):
     """With a timeout set, the record holds the core's calls, coalesced calls and the

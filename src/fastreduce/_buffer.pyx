@@ -565,6 +565,13 @@ cdef str _view_dtype(BufferView* v):
     return KIND_NAMES[v.kind]
 
 
+def check_readable(x, role="x") -> None:
+    """Raise the error fastreduce gives for x when it cannot be reduced (type, layout,
+    device, dtype, strides); nothing when it can."""
+    cdef BufferView view
+    acquire(x, &view, False, role)
+
+
 def set_result_cache_limit(size_t nbytes) -> int:
     """Keep at most `nbytes` of freed out-of-place results for reuse (0: none); return the old."""
     return fr_pool_set_limit(nbytes)

@@ -275,8 +275,7 @@ cdef class Request:
     cdef list callbacks       # add_done_callback's, for requests MPI completes
     cdef object flight        # its flight-record entry, while a timeout is set
     cdef object writeback     # a Resolved: the result goes into a lazy view when done
-    cdef char* result_data    # where the result tensor's memory was when it started, for a
-                              # tensor whose storage can be swapped (torch), else NULL
+    cdef char* result_data    # the torch result's memory when it started (else NULL)
     cdef object __weakref__
 
     def __cinit__(self):
@@ -377,7 +376,7 @@ cdef class Request:
         if moved:
             raise BufferError(
                 "fastreduce: the tensor this request writes had its memory replaced "
-                "(x.set_(), x.resize_() to a larger size, ...) before the request completed; "
+                "(x.set_()) before the request completed; "
                 "the reduced values went to its old memory, which the request kept alive, and "
                 "are lost; leave a tensor's storage alone until wait() returns")
         return 0
@@ -542,7 +541,8 @@ def iallreduce_(x, op="sum", *, comm=None):
     owner = _prepare(x, op, comm, True, &view, &handle, &red)
     if _debug:
         _debug_check(comm, "iallreduce_", &view, op)
-    keep = (x, owner, _storage(x, &view))
+    storage = _storage(x, &view)
+    keep = (x, owner, storage)
     cdef Request req = _iallreduce_inplace(x, comm, keep, &view, handle, red)
     _guard(req, &view, owner)
     if _recording:
@@ -551,8 +551,10 @@ def iallreduce_(x, op="sum", *, comm=None):
 
 
 cdef object _storage(object x, BufferView* view):
-    """What keeps x's memory itself alive: for torch (whose x.set_() and x.resize_() swap
-    it under the tensor object) its storage; else the object and its export suffice."""
+    """What keeps x's memory itself alive: for torch (whose x.set_() swaps the storage
+    under the tensor object) its storage; else the object and its export suffice. (torch's
+    x.resize_() to a larger size frees the memory inside the storage: nothing outside torch
+    can keep that alive; see the README.)"""
     if view.torch and not view.lazy:
         return x.untyped_storage()
     return None
@@ -596,8 +598,8 @@ def iallreduce(x, op="sum", *, comm=None, out=None):
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if _debug:
         _debug_check(comm, "iallreduce", &view, op)
-    keep = (x, owner, out, out_owner, _storage(x, &view),
-            _storage(out, &result) if given else None)
+    storage = _storage(out, &result) if given else None
+    keep = (x, owner, out, out_owner, _storage(x, &view), storage)
     cdef Request req = _iallreduce_new(comm, out, keep, &view, &result, sendbuf, handle, red)
     if given:
         _guard(req, &result, out_owner)

@@ -24,7 +24,7 @@ import weakref
 import torch
 from mpi4py import MPI
 
-from . import _collectives
+from . import _buffer, _collectives
 from ._collectives import default_comm
 
 __all__ = ["allreduce", "allreduce_", "comm_id", "communicator"]
@@ -125,11 +125,29 @@ _UNSAFE = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe"
 _lib = torch.library.Library("fastreduce", "DEF")  # noqa: TOR901 (kept for the process)
 
 
+# Layouts the ops do not reduce: their kernel gives fastreduce's error naming the layout
+# and the fix, instead of the dispatcher's "Could not run ... with arguments from ...".
+_REFUSED_KEYS = [kind + device for kind in ("Sparse", "SparseCsr", "Quantized", "NestedTensor")
+                 for device in ("CPU", "CUDA")] + ["AutogradNestedTensor"]
+# torch's own handling of conjugate and negative views around an op expects an in-place op
+# to return its argument; the core resolves such views itself (see fastreduce._buffer).
+_LAZY_KEYS = ("Conjugate", "Negative")
+
+
+def _refuse(x, *args):
+    _buffer.check_readable(x)
+    raise TypeError(f"fastreduce: x has layout {x.layout}; pass a dense tensor")
+
+
 def _define(schema: str, kernel) -> None:
     name = schema.split("(", 1)[0]
     _lib.define(schema, tags=_UNSAFE)
     for device in ("CPU", "CUDA"):
         _lib.impl(name, kernel, device)
+    for key in _REFUSED_KEYS:
+        _lib.impl(name, _refuse, key)
+    for key in _LAZY_KEYS:
+        _lib.impl(name, kernel, key)
 
 
 def _new_like(x, *args):

@@ -1,5 +1,8 @@
 """FASTREDUCE_TIMEOUT: a rank that never arrives; the others' watchdog prints the flight
-record and aborts the job. argv[1]: how long the late rank sleeps."""
+record and aborts the job. argv[1]: how long the late rank sleeps; argv[2]: where it is
+late: "allreduce" (after a few calls that complete), or before the first collective of
+"first-allreduce" (the default communicator is made), "partition" (a Cartesian partition
+agreed and made), "local-rank" (the node's communicator split)."""
 
 import sys
 import time
@@ -10,10 +13,19 @@ from common import WORLD
 import fastreduce
 
 assert fastreduce.watchdog.timeout() is not None, "FASTREDUCE_TIMEOUT is not set"
-x = torch.ones(4)
-fastreduce.allreduce_(x)          # a few collectives that complete, for the record
-fastreduce.allreduce(x, "max")
+where = sys.argv[2] if len(sys.argv) > 2 else "allreduce"
+if where == "allreduce":
+    x = torch.ones(4)
+    fastreduce.allreduce_(x)          # a few collectives that complete, for the record
+    fastreduce.allreduce(x, "max")
+if where == "partition":
+    fastreduce.default_comm()  # made by every rank: the agreement is what waits
 if WORLD.rank == 1:
-    time.sleep(float(sys.argv[1]))  # late: the others wait in the next all-reduce
-fastreduce.allreduce_(torch.ones(1000))
+    time.sleep(float(sys.argv[1]))  # late: the others wait in the next collective
+if where in ("allreduce", "first-allreduce"):
+    fastreduce.allreduce_(torch.ones(1000))
+elif where == "partition":
+    fastreduce.Partition().create_cartesian_topology_partition([WORLD.size])
+elif where == "local-rank":
+    fastreduce.local_rank()
 print("not reached in the test: every rank finished", flush=True)
