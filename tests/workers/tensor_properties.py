@@ -10,7 +10,8 @@ sub-communicator).
 Each case either reduces right, checked against numpy's reduction of every rank's
 *logical* input (rebuilt from per-rank seeds, never from fastreduce), or is refused with
 the exception its property calls for, leaving every input as it was. Seeded and
-reproducible: argv[1] is the seed, argv[2] the number of cases; a failure names its case.
+reproducible: argv[1] is the seed, argv[2] the number of cases, argv[3] (optional) the
+forms to draw from, comma-separated; a failure names its case.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ warnings.filterwarnings("ignore")  # torch's beta/prototype notices for sparse a
 f = Failures()
 SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 2026
 CASES = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+ONLY = sys.argv[3].split(",") if len(sys.argv) > 3 else None  # forms to draw (to reproduce)
 p, rank = WORLD.size, WORLD.rank
 dist.init_process_group("fastreduce")
 
@@ -324,7 +326,7 @@ def applicable(prop: str, form: str, dtype: str, op: str) -> bool:
 def run_case(k: int, rng: np.random.Generator) -> None:
     while True:
         prop = str(rng.choice(list(PROPERTIES)))
-        form = str(rng.choice(FORMS))
+        form = str(rng.choice(ONLY or FORMS))
         dtype = str(rng.choice(DTYPES))
         op = str(rng.choice(ops_for(dtype)))
         if applicable(prop, form, dtype, op):
