@@ -91,3 +91,19 @@ def tolerance(dtype: str, op: str, stack: np.ndarray, nranks: int) -> np.ndarray
     else:
         scale = np.abs(stack.prod(axis=0))
     return 2 * (nranks + 1) * eps * scale + np.finfo(np.float64).tiny
+
+
+def matches(result: np.ndarray, want: np.ndarray, dtype: str, op: str, stack: np.ndarray,
+            nranks: int) -> bool:
+    """Whether a reduction's result equals `want`: within tolerance() for inexact float
+    sums, averages and products, exactly otherwise; the same shape either way."""
+    result = np.asarray(result)
+    if dtype in ("float16", "bfloat16"):
+        result = result.astype(want.dtype)
+    if result.shape != want.shape:
+        return False
+    if dtype in FLOAT_EPS and op in ("sum", "avg", "prod"):
+        bound = tolerance(dtype, op, stack.astype(np.complex128 if dtype.startswith("complex")
+                                                  else np.float64), nranks)
+        return bool(np.all(np.abs(result - want) <= bound))
+    return np.array_equal(result, want)

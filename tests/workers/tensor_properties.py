@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from common import WORLD, Failures
-from reference import FLOAT_EPS, ops_for, reduce, tolerance, values
+from reference import matches, ops_for, reduce, values
 
 import fastreduce
 import fastreduce.distributed  # noqa: F401  (registers the backend)
@@ -402,15 +402,8 @@ def run_case(k: int, rng: np.random.Generator) -> None:
 
 
 def check_close(result, want, dtype, op, stack, n, label) -> None:
-    result = np.asarray(result).astype(want.dtype) if dtype in ("float16", "bfloat16") \
-        else np.asarray(result)
-    if dtype in FLOAT_EPS and op in ("sum", "avg", "prod"):
-        bound = tolerance(dtype, op, stack.astype(np.complex128 if dtype.startswith("complex")
-                                                  else np.float64), n)
-        ok = result.shape == want.shape and bool(np.all(np.abs(result - want) <= bound))
-    else:
-        ok = result.shape == want.shape and np.array_equal(result, want)
-    f.check(ok, f"{label}: got {result.ravel()[:4]} want {want.ravel()[:4]}")
+    f.check(matches(result, want, dtype, op, stack, n),
+            f"{label}: got {np.ravel(result)[:4]} want {want.ravel()[:4]}")
 
 
 rng = np.random.default_rng(SEED)  # the same choices on every rank
