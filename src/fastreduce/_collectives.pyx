@@ -34,6 +34,7 @@ from ._staged cimport (
 
 import atexit
 import weakref
+from contextlib import nullcontext
 
 from mpi4py import MPI as _MPI
 
@@ -153,21 +154,10 @@ cdef object _flight_begin(object comm, str call, int64_t count, int kind, bint b
 cdef object _setup_recorded(str call, object comm):
     """A context recording a set-up collective while a timeout is set (watchdog.recorded)."""
     if not _recording:
-        return _NOT_RECORDED
+        return nullcontext()
     from .watchdog import recorded
 
     return recorded(call, comm)
-
-
-class _NotRecorded:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NOT_RECORDED = _NotRecorded()
 
 
 cdef void _flight_end(object entry, bint ok) noexcept:
