@@ -236,7 +236,7 @@ cdef tuple _torch_kind(object tp):
     return TYPE_REFUSED, f"fastreduce: {{role}} is a {tp.__module__}.{name}: {fix}"
 
 
-cdef object _unreadable(object obj, str role, BaseException exc):
+cdef object _unreadable(object obj, str role, object exc):
     """The exception for a tensor torch could not hand over through DLPack."""
     if getattr(obj, "is_nested", False):
         return TypeError(f"fastreduce: {role} is a nested tensor, which has no single dense "
