@@ -19,7 +19,7 @@ Large messages (-b .. -e, default 1 MiB .. 256 MiB):
   C  B's parts   d2h: host.copy_(dev); mpi: the C MPI_Allreduce loop alone;
                  h2d: dev.copy_(host, non_blocking=True) + synchronize
   A/B is the number to watch (target <= 1.2x from 1 MiB to 256 MiB; below 1 means the
-  pipeline hides copies behind MPI). `chunks` is fastreduce._cuda.plan_staging's split.
+  pipeline hides copies behind MPI). `chunks` is fastreduce.backend.cudart.plan_staging's split.
 
 Small messages (4 B .. 1 KiB), to attribute what CUDA adds over the CPU path:
   cpu          fastreduce.allreduce_ on a CPU tensor
@@ -124,7 +124,7 @@ def main() -> int:
         raise SystemExit("--repeat must be >= 1 and --factor >= 2")
 
     import fastreduce
-    import fastreduce._cuda as frcuda
+    import fastreduce.backend.cudart as frcuda
     from fastreduce._abi import first_line
     from fastreduce.bench import parse_size
 

@@ -39,7 +39,7 @@ from mpi4py import MPI
 
 import fastreduce
 import fastreduce.distributed  # noqa: F401  (registers the torch.distributed backend)
-from fastreduce import _engine
+from fastreduce.backend import engine as _engine
 from fastreduce._abi import first_line
 
 sys.path.insert(0, str(Path(__file__).parent))

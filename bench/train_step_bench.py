@@ -118,7 +118,7 @@ def main() -> int:
         a / (b + c) for a, b, c in zip(samples["GradientSync"], samples["no communication"],
                                        samples["allreduce alone"], strict=True))
     if rank == 0:
-        from fastreduce import _engine
+        from fastreduce.backend import engine as _engine
 
         print(f"# fastreduce {fastreduce.__version__} training step: {p} ranks, device "
               f"{args.device}, MLP {args.depth}x{args.width} + head, {n_params} parameters, "

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 from mpirun import launcher_env
 
-MODULES = ["fastreduce._errors", "fastreduce._buffer", "fastreduce._ops",
-           "fastreduce._cuda", "fastreduce._gpupath", "fastreduce._engine", "fastreduce._reduce",
-           "fastreduce._staged",
-           "fastreduce._collectives"]
+MODULES = [f"fastreduce.backend.{name}" for name in (
+    "mpierrors", "buffer", "reductions", "cudart", "pathchoice", "engine", "reduce", "staging",
+    "collectives")]
 
 
 def test_stubs_match_the_extension_modules():

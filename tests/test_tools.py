@@ -206,7 +206,7 @@ def test_engine_off_below_thread_multiple():
     code = ("import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
             "import numpy as np, fastreduce\n"
             "from mpi4py import MPI\n"
-            "from fastreduce import _engine\n"
+            "from fastreduce.backend import engine as _engine\n"
             "x = np.ones(1 << 20, np.float32)\n"
             "r = fastreduce.iallreduce_(x)\n"
             "seen = (_engine.state(), r.engine, bool((r.wait() == 2).all()))\n"

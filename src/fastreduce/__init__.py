@@ -12,8 +12,8 @@ from . import _abi
 _abi.check()  # before any MPI call through a possibly mismatched library
 
 from . import runtime, watchdog  # noqa: E402, F401  (fastreduce.runtime without an import)
-from ._buffer import result_cache_info, set_result_cache_limit  # noqa: E402
-from ._collectives import (  # noqa: E402
+from .backend.buffer import result_cache_info, set_result_cache_limit  # noqa: E402
+from .backend.collectives import (  # noqa: E402
     HAVE_LARGE_COUNT,
     Request,
     allreduce,
@@ -24,8 +24,8 @@ from ._collectives import (  # noqa: E402
     iallreduce_,
     wait_all,
 )
-from ._errors import build_mpi  # noqa: E402
-from ._ops import OP_NAMES, half_precision_paths, supports  # noqa: E402
+from .backend.mpierrors import build_mpi  # noqa: E402
+from .backend.reductions import OP_NAMES, half_precision_paths, supports  # noqa: E402
 from ._version import __version__  # noqa: E402
 from .checks import CollectiveMismatch, set_debug  # noqa: E402
 from .gpupath import CalibrationError  # noqa: E402

@@ -53,7 +53,7 @@ def check() -> None:
     """Raise ImportError when fastreduce's MPI is not the one mpi4py has loaded."""
     from mpi4py import MPI
 
-    from . import _errors
+    from .backend import mpierrors as _errors
 
     problem = mismatch(
         _errors.build_mpi(), _errors.linked_library_version(), MPI.Get_library_version()

@@ -18,17 +18,10 @@ import time
 from mpi4py import MPI
 
 from . import watchdog
+from .errors import CollectiveMismatch
 
 __all__ = ["CollectiveMismatch", "agree", "debug", "fingerprint", "set_debug"]
 
-
-class CollectiveMismatch(RuntimeError):
-    """The ranks of a communicator called a collective with different arguments: raised
-    on every rank, naming what differs and which ranks passed what."""
-
-    def __init__(self, message: str, differences: dict | None = None):
-        super().__init__(message)
-        self.differences = differences or {}  # field -> {value: [ranks]}
 
 
 def _ranks_by_value(values: list) -> dict:
@@ -131,7 +124,7 @@ def set_debug(on: bool | None, *, report_after: float | None = None) -> bool:
     CollectiveMismatch. Every rank must use the same setting: turning it on the first time
     is collective over COMM_WORLD (it duplicates COMM_WORLD for those reports)."""
     global _debug, _channel, _report_after
-    from . import _collectives
+    from .backend import collectives as _collectives
 
     old = _debug
     if on is None:

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from . import watchdog
+from .errors import CalibrationError
+from .sizes import format_size, parse_size
 
 __all__ = [
     "CALIBRATION_SIZES",
@@ -50,10 +52,6 @@ MODES = ("auto", "direct", "staged")
 CALLS = ("blocking", "nonblocking", "16bit")
 # Message sizes the calibration times, both paths each (float32 sums).
 CALIBRATION_SIZES = (8, 256, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
-
-
-class CalibrationError(RuntimeError):
-    """The GPU path calibration failed on some rank; every rank of the group raises it."""
 
 
 # --- what each MPI promises ---------------------------------------------------------
@@ -212,27 +210,6 @@ def gpu_path_mode() -> tuple[str, str]:
 
 # --- size tables ---------------------------------------------------------------------
 
-_UNITS = {"": 1, "K": 1 << 10, "KI": 1 << 10, "M": 1 << 20, "MI": 1 << 20,
-          "G": 1 << 30, "GI": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from "4096", "64K", "64KiB", "1.5M", "2GiB" (binary units); ValueError if not."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]I?)?B?\s*", text.upper())
-    if not match:
-        raise ValueError(f"size {text!r}: give bytes, optionally with K, M or G (KiB, MiB, "
-                         f"GiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
-
-
-def format_size(nbytes: int) -> str:
-    """64KiB, 1MiB, 48000 (exact binary units where they divide, else bytes)."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
-
-
 @dataclass(frozen=True)
 class PathTable:
     """Which path a call of each size takes: steps of (from this many bytes, path)."""
@@ -342,7 +319,7 @@ def gpu_path_settings() -> dict:
 
 
 def _forget() -> None:
-    from . import _gpupath
+    from .backend import pathchoice as _gpupath
 
     _gpupath.forget()
 
@@ -357,7 +334,7 @@ def _agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
         mode, _ = gpu_path_mode()
         support = device_pointer_support()
         pinned = pinned_thresholds() if mode == "auto" else None
-        from . import _engine
+        from .backend import engine as _engine
 
         engine = "engine" if _engine.state()[0] else "no engine"
         mine = (mode, support.calls(), pinned.spec() if pinned else "calibrated", engine)
@@ -422,7 +399,7 @@ def _reps(nbytes: int) -> int:
 def _call_counts(nbytes: int, path: str) -> list[int]:
     """The element counts of the MPI_Allreduce calls one blocking float32 call of nbytes
     makes by a path (staged chunks, and segments of either)."""
-    from . import _cuda, _reduce
+    from .backend import cudart as _cuda, reduce as _reduce
 
     count = nbytes // 4
     if path == "direct":
@@ -436,7 +413,7 @@ def _call_counts(nbytes: int, path: str) -> list[int]:
 
 def _measure(comm, ptr: int, nbytes: int, path: str, reps: int) -> list[float]:
     """Seconds of each of `reps` calls (replaced in tests by fake timings)."""
-    from . import _staged
+    from .backend import staging as _staged
 
     return _staged._time_device_path(comm, ptr, nbytes, path, reps)
 
@@ -446,7 +423,7 @@ def _catch_up(comm, counts: list[int], done: int) -> None:
     memory, so the collectives stay matched and the failure can be reported everywhere."""
     import numpy as np
 
-    from . import _collectives
+    from .backend import collectives as _collectives
 
     for count in counts[done:]:
         _collectives.allreduce_(np.zeros(count, np.float32), comm=comm)
@@ -470,7 +447,7 @@ def calibrate(comm=None, *, details: bool = False):
     where the slowest rank's median is lower. A failure on any rank (a CUDA or MPI error)
     raises the same CalibrationError on every rank.
     """
-    from . import _collectives
+    from .backend import collectives as _collectives
 
     if comm is None:
         comm = _collectives.default_comm()
@@ -479,7 +456,7 @@ def calibrate(comm=None, *, details: bool = False):
 
 
 def _calibrate(comm, details: bool):
-    from . import _cuda, _reduce
+    from .backend import cudart as _cuda, reduce as _reduce
 
     support = device_pointer_support()
     if not support.blocking:

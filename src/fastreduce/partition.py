@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from mpi4py import MPI
 
 from . import watchdog
-from ._collectives import default_comm
+from .backend.collectives import default_comm
 from .checks import agree
 
 __all__ = ["CartesianPartition", "Partition"]
@@ -118,7 +118,7 @@ class Partition:
             raise ValueError("fastreduce: this worker is not in the partition (inactive); only "
                              "its members call process_group()")
         if self._process_group is None:
-            from .distributed import process_group
+            from .torch.distributed import process_group
 
             self._process_group = process_group(self._comm)
             self._process_group._partition = self  # the group keeps the communicator alive

@@ -12,12 +12,13 @@ import os
 
 from mpi4py import MPI
 
-from . import _gpupath, watchdog
-from ._cuda import copy_counts as gpu_copy_counts
-from ._cuda import plan_staging, set_staging_chunk
-from ._cuda import reset_copy_counts as reset_gpu_copy_counts
-from ._cuda import runtime_info as cuda_runtime_info
-from ._reduce import segment_bytes, set_segment_bytes
+from .backend import pathchoice as _gpupath
+from . import watchdog
+from .backend.cudart import copy_counts as gpu_copy_counts
+from .backend.cudart import plan_staging, set_staging_chunk
+from .backend.cudart import reset_copy_counts as reset_gpu_copy_counts
+from .backend.cudart import runtime_info as cuda_runtime_info
+from .backend.reduce import segment_bytes, set_segment_bytes
 from .gpupath import (
     CalibrationError,
     calibrate,
@@ -77,7 +78,7 @@ def cuda_aware() -> tuple[bool, str]:
         if setting.strip() not in ("0", "1"):
             raise ValueError(f"FASTREDUCE_CUDA_AWARE={setting!r}: use 0 or 1")
         return setting.strip() == "1", "FASTREDUCE_CUDA_AWARE"
-    from . import _errors
+    from .backend import mpierrors as _errors
 
     answer = _errors.mpi_cuda_query()
     if answer is not None:

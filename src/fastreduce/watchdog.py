@@ -130,7 +130,7 @@ def set_timeout(seconds: float | None) -> None:
     """Abort the job when a collective is stuck longer than `seconds` (None: off; the
     default comes from FASTREDUCE_TIMEOUT). Every rank should use the same setting."""
     global _timeout, _thread
-    from . import _collectives
+    from .backend import collectives as _collectives
 
     if seconds is not None:
         seconds = float(seconds)

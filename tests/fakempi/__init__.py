@@ -49,7 +49,7 @@ def install() -> ctypes.CDLL:
     """Build (once) and load the pointer log ahead of the MPI library; returns it."""
     global _lib
     if _lib is None:
-        if "fastreduce._collectives" in sys.modules:
+        if "fastreduce.backend.collectives" in sys.modules:
             raise RuntimeError("fakempi.install() must come before `import fastreduce`")
         mpicc = _mpicc()
         path = fakecuda.build_in_test_tree(lambda d: fakecuda.build_library(

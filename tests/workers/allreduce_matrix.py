@@ -77,7 +77,7 @@ def run_case(fw: Framework, dtype: str, op: str, shape: tuple, mode: str, integr
     expected = reduce(stack, op, p)
     x = tensors[rank]
     before = fw.to_numpy(x).copy()
-    calls = fastreduce._reduce._mpi_call_count()
+    calls = fastreduce.backend.reduce._mpi_call_count()
     if mode == "in_place":
         result = fastreduce.allreduce_(x, op)
         fails.check(result is x, f"{case}: allreduce_ did not return x")
@@ -89,7 +89,7 @@ def run_case(fw: Framework, dtype: str, op: str, shape: tuple, mode: str, integr
         out = fw.empty_like(x)
         result = fastreduce.allreduce(x, op, out=out)
         fails.check(result is out, f"{case}: allreduce(out=) did not return out")
-    calls = fastreduce._reduce._mpi_call_count() - calls
+    calls = fastreduce.backend.reduce._mpi_call_count() - calls
     count = int(np.prod(shape, dtype=np.int64))
     steps = expected_steps(count, fw.to_numpy(x).itemsize if dtype != "bfloat16" else 2)
     fails.check(calls in {max(1, math.ceil(count / step)) for step in steps},
@@ -114,8 +114,8 @@ def run_case(fw: Framework, dtype: str, op: str, shape: tuple, mode: str, integr
 def expected_steps(count: int, itemsize: int) -> set[int]:
     """Elements per MPI call: a segment where segmentation applies, else the count limit
     (or, past it, one large-count call where the MPI has them, for MPI's own ops)."""
-    limit = fastreduce._reduce._set_count_limit(1)
-    fastreduce._reduce._set_count_limit(limit)
+    limit = fastreduce.backend.reduce._set_count_limit(1)
+    fastreduce.backend.reduce._set_count_limit(limit)
     segment = fastreduce.runtime.segment_bytes()
     segment = max(segment // itemsize, 1) if segment else 0
     if segment and count > segment and segment < limit:
@@ -135,7 +135,7 @@ def main() -> None:
                         help="segment size in bytes (default: fastreduce's)")
     args = parser.parse_args()
     if args.count_limit:
-        fastreduce._reduce._set_count_limit(args.count_limit)
+        fastreduce.backend.reduce._set_count_limit(args.count_limit)
     if args.segment_bytes >= 0:
         fastreduce.runtime.set_segment_bytes(args.segment_bytes)
     fw = Framework(args.framework)

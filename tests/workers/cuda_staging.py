@@ -20,7 +20,7 @@ from fake_dlpack import FakeTensor
 from fakecuda import FakeCudaArray, FakeCudaTensor, Stream
 
 import fastreduce
-from fastreduce import _cuda
+from fastreduce.backend import cudart as _cuda
 
 fails = Failures()
 check, expect = fails.check, fails.expect
@@ -173,7 +173,7 @@ check(mine["d2h_copies"] == _cuda.plan_staging(values.nbytes)[1] > 1, f"auto chu
 # Blocking forms (in place, new, out=) pipeline large messages in plan_staging's chunks; the
 # non-blocking ones too where the progress engine runs them, else they copy whole. "in_place"
 # is blocking although it starts with an "i".
-ENGINE = fastreduce._engine.state()[0]
+ENGINE = fastreduce.backend.engine.state()[0]
 STAGING_SLOTS = 4  # the pipeline's ring of pinned slots (src/fastreduce/_cuda.pxd)
 BLOCKING_FORMS = {"in_place": True, "new": True, "out": True, "iallreduce_": False,
                   "iallreduce": False}
@@ -352,7 +352,7 @@ g = on_gpu(values, "float64")
 req = fastreduce.iallreduce_(g)
 del req
 gc.collect()
-fastreduce._engine.wait_idle()  # with the engine, the dropped request finishes there
+fastreduce.backend.engine.wait_idle()  # with the engine, the dropped request finishes there
 check(same(g.to_numpy(), want), "a dropped GPU request still delivers its result")
 h = values.copy()
 g = on_gpu(values, "float64")

@@ -32,7 +32,8 @@ from fake_dlpack import FakeTensor  # noqa: E402
 from fakecuda import FakeCudaArray, FakeCudaTensor, Stream  # noqa: E402
 
 import fastreduce  # noqa: E402
-from fastreduce import _cuda, gpupath, runtime  # noqa: E402
+from fastreduce.backend import cudart as _cuda  # noqa: E402
+from fastreduce import gpupath, runtime
 
 fails = Failures()
 check, expect = fails.check, fails.expect

@@ -43,7 +43,7 @@ from models import MLP
 from mpi4py import MPI
 
 import fastreduce
-import fastreduce._cuda as frcuda
+import fastreduce.backend.cudart as frcuda
 from fastreduce.nn import AllSumReduce
 
 fails = Failures()
@@ -157,7 +157,7 @@ def cpu_path(x_cpu: torch.Tensor, op: str, blocking: bool) -> torch.Tensor:
     message size, so these are the CPU calls whose result the GPU must equal bit for bit.
     """
     y = x_cpu.clone()
-    if not blocking and not fastreduce._engine.state()[0]:  # one MPI_Iallreduce
+    if not blocking and not fastreduce.backend.engine.state()[0]:  # one MPI_Iallreduce
         return fastreduce.iallreduce_(y, op).wait()
     chunk, nchunks = frcuda.plan_staging(y.numel() * y.element_size())
     if nchunks <= 1:
@@ -251,7 +251,7 @@ def expected_chunks(nbytes: int, blocking: bool) -> int:
     progress engine: one)."""
     if nbytes == 0:
         return 0
-    pipelined = blocking or fastreduce._engine.state()[0]
+    pipelined = blocking or fastreduce.backend.engine.state()[0]
     return frcuda.plan_staging(nbytes)[1] if pipelined else 1
 
 

@@ -13,7 +13,7 @@ import torch
 from common import Failures
 
 import fastreduce
-from fastreduce._collectives import _reduce_local
+from fastreduce.backend.collectives import _reduce_local
 
 fails = Failures()
 rng = np.random.default_rng(2024)

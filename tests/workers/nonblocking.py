@@ -68,13 +68,13 @@ fails.check(all(torch.equal(r, fastreduce.allreduce(x)) for r, x in zip(results,
 fails.check(results[-1] is arr and np.array_equal(arr, np.full(4, p * (p + 1) / 2)), "numpy")
 
 # counts over the int limit: chunked or large-count requests
-old = fastreduce._reduce._set_count_limit(7)
+old = fastreduce.backend.reduce._set_count_limit(7)
 x = rand(99 + rank, 100)
 fails.check(torch.equal(fastreduce.iallreduce(x, "avg").wait(), fastreduce.allreduce(x, "avg")),
             "chunked iallreduce avg")
 h = rand(5 + rank, 33, dtype=torch.bfloat16)
 fails.check(torch.equal(fastreduce.iallreduce(h).wait(), fastreduce.allreduce(h)), "chunked bf16")
-fastreduce._reduce._set_count_limit(old)
+fastreduce.backend.reduce._set_count_limit(old)
 
 # dropped without wait: completed at garbage collection, buffers intact meanwhile
 for i in range(20):

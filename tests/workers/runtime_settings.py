@@ -5,7 +5,8 @@ import os
 from common import Failures
 
 import fastreduce
-from fastreduce import _errors, runtime
+from fastreduce.backend import mpierrors as _errors
+from fastreduce import runtime
 
 fails = Failures()
 os.environ.pop("FASTREDUCE_CUDA_AWARE", None)

@@ -80,7 +80,7 @@ def wait_all_twice():
 def storage_swapped():
     # set_(): the request keeps the old storage alive; on the MPI path and the engine's
     for engine in (False, True):
-        fastreduce._engine.set_host(engine)
+        fastreduce.backend.engine.set_host(engine)
         for swap in ("set_", "set_ out="):
             x = torch.ones(1 << 22)  # 16 MiB: its memory is returned to the system when freed
             out = torch.empty_like(x)
@@ -89,7 +89,7 @@ def storage_swapped():
             (out if swap == "set_ out=" else x).set_(torch.zeros(4))
             f.expect(BufferError, ["memory replaced", "until wait() returns"], r.wait)
             f.check(r.done, f"{swap}: the request completed")
-    fastreduce._engine.set_host(None)
+    fastreduce.backend.engine.set_host(None)
     # the same tensor keeps working when nothing is swapped
     x = torch.ones(8)
     r = fastreduce.iallreduce_(x)

@@ -8,11 +8,11 @@ chunk, each dtype of a coalesced call, and the progress engine's jobs.
 from libc.limits cimport INT_MAX
 from libc.stdint cimport int64_t
 
-from ._errors cimport CHKERR
-from ._libmpi cimport *
-from ._ops cimport Reduction
+from .mpierrors cimport CHKERR
+from .libmpi cimport *
+from .reductions cimport Reduction
 
-cdef extern from "_halfops.h" nogil:
+cdef extern from "halfops.h" nogil:
     void fr_divide(void* data, int64_t count, int kind, int divisor)
 
 cdef int64_t _count_limit = INT_MAX
@@ -116,7 +116,7 @@ def _init_segment_setting():
     if not text:
         set_segment_bytes(DEFAULT_SEGMENT_BYTES)
         return
-    from .gpupath import parse_size
+    from ..gpupath import parse_size
     try:
         set_segment_bytes(parse_size(text))
     except ValueError:

@@ -8,21 +8,21 @@ from mpi4py cimport MPI
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport calloc, free
 
-from ._buffer cimport BufferView
-from ._cuda cimport (
+from .buffer cimport BufferView
+from .cudart cimport (
     MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, check_not_capturing, chunk_bytes,
     consumer_stream, copy_async, cudaStream_t, event_record, event_sync, require_device,
     staging_give, staging_order, staging_release, staging_take, stream_sync, stream_wait_event,
     use_device,
 )
-from ._dlpack cimport kDLCUDA, kDLCUDAManaged
-from ._dtypes cimport KIND_FLOAT32
-from ._engine cimport Job
-from ._errors cimport CHKERR
-from ._gpupath cimport PATH_DIRECT, PATH_STAGED, choose_path
-from ._libmpi cimport *
-from ._ops cimport OP_SUM, Reduction, get_reduction
-from ._reduce cimport _run, _run_in, segment_bytes_now
+from .dlpack cimport kDLCUDA, kDLCUDAManaged
+from .dtypes cimport KIND_FLOAT32
+from .engine cimport Job
+from .mpierrors cimport CHKERR
+from .pathchoice cimport PATH_DIRECT, PATH_STAGED, choose_path
+from .libmpi cimport *
+from .reductions cimport OP_SUM, Reduction, get_reduction
+from .reduce cimport _run, _run_in, segment_bytes_now
 
 # --- GPU memory ---------------------------------------------------------------------
 #
@@ -304,7 +304,7 @@ def _time_device_path(comm, size_t device_ptr, int64_t nbytes, str path, int rep
 
     cdef MPI_Comm handle = <MPI_Comm>(<MPI.Comm>comm).ob_mpi
     cdef int device = 0
-    from ._cuda import current_device
+    from .cudart import current_device
     device = current_device()
     require_device(kDLCUDA, device, "the calibration buffer")
     cdef BufferView view

@@ -1,7 +1,7 @@
 # Reduction operations: names to codes, and (element kind, op) to the MPI
 # datatype and MPI_Op that carry it out.
 
-from ._libmpi cimport MPI_Datatype, MPI_Op
+from .libmpi cimport MPI_Datatype, MPI_Op
 
 cdef enum OpCode:
     OP_SUM

@@ -13,21 +13,21 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from ._buffer cimport BufferView, Resolved, acquire, check_same_layout, device_name, new_like
-from ._cuda cimport (
+from .buffer cimport BufferView, Resolved, acquire, check_same_layout, device_name, new_like
+from .cudart cimport (
     MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, check_not_capturing, chunk_bytes,
     copy_async, cudaStream_t, event_sync, staging_give, staging_order, staging_release,
     staging_take, stream_sync,
 )
-from ._dlpack cimport kDLCUDA, kDLCUDAManaged
-from ._dtypes cimport NKINDS
-from ._engine cimport Job, enabled, host_enabled, submit, wait_for
-from ._errors cimport CHKERR
-from ._gpupath cimport PATH_DIRECT, choose_path
-from ._libmpi cimport *
-from ._ops cimport OP_AVG, OP_SUM, Reduction, get_reduction, op_code
-from ._reduce cimport _run, _run_in, count_limit, segment_bytes_now
-from ._staged cimport (
+from .dlpack cimport kDLCUDA, kDLCUDAManaged
+from .dtypes cimport NKINDS
+from .engine cimport Job, enabled, host_enabled, submit, wait_for
+from .mpierrors cimport CHKERR
+from .pathchoice cimport PATH_DIRECT, choose_path
+from .libmpi cimport *
+from .reductions cimport OP_AVG, OP_SUM, Reduction, get_reduction, op_code
+from .reduce cimport _run, _run_in, count_limit, segment_bytes_now
+from .staging cimport (
     _check_capture, _copy_in_whole, _device_run, _drain, _pipeline_begin, _StagedJob,
     _wait_out_producer, _wait_producers,
 )
@@ -38,7 +38,7 @@ from contextlib import nullcontext
 
 from mpi4py import MPI as _MPI
 
-cdef extern from "_halfops.h" nogil:
+cdef extern from "halfops.h" nogil:
     void fr_divide(void* data, int64_t count, int kind, int divisor)
 
 cdef MPI_Comm _default_handle = MPI_COMM_NULL
@@ -126,8 +126,8 @@ cdef str _op_label(object op):
 
 cdef int _debug_check(object comm, str call, BufferView* view, object op) except -1:
     """Debug mode: the ranks of comm agree on this call's fingerprint (checks.fingerprint)."""
-    from ._ops import KIND_NAMES
-    from .checks import fingerprint
+    from .reductions import KIND_NAMES
+    from ..checks import fingerprint
 
     fingerprint(default_comm() if comm is None else comm, call, count=view.count,
                 dtype=KIND_NAMES[view.kind], op=_op_label(op),
@@ -145,8 +145,8 @@ def _set_recording(bint on) -> None:
 
 
 cdef object _flight_begin(object comm, str call, int64_t count, int kind, bint blocking):
-    from ._ops import KIND_NAMES
-    from .watchdog import begin
+    from .reductions import KIND_NAMES
+    from ..watchdog import begin
 
     return begin(call, comm, count, KIND_NAMES[kind], blocking)
 
@@ -155,7 +155,7 @@ cdef object _setup_recorded(str call, object comm):
     """A context recording a set-up collective while a timeout is set (watchdog.recorded)."""
     if not _recording:
         return nullcontext()
-    from .watchdog import recorded
+    from ..watchdog import recorded
 
     return recorded(call, comm)
 
@@ -417,7 +417,7 @@ cdef class Request:
         """Block until the reduction is done (GIL released) and return the result tensor."""
         cdef int ierr
         if self.flight is not None and self.pending:
-            from .watchdog import waiting
+            from ..watchdog import waiting
             waiting(self.flight)
         if self.pending and self.job is not None:
             wait_for(self.job)
@@ -895,8 +895,8 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
             counts[views[i].kind] += views[i].count
         _refuse_overlaps(views, n)
         if _debug:
-            from ._ops import KIND_NAMES
-            from .checks import fingerprint
+            from .reductions import KIND_NAMES
+            from ..checks import fingerprint
 
             fingerprint(default_comm() if comm is None else comm, "allreduce_coalesced_",
                         counts={KIND_NAMES[k]: counts[k] for k in range(NKINDS)
@@ -904,8 +904,8 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
                         op=_op_label(op),
                         device=device_name(views[0].device_type, 0).split(":")[0])
         if _recording:
-            from ._ops import KIND_NAMES
-            from .watchdog import begin
+            from .reductions import KIND_NAMES
+            from ..watchdog import begin
 
             entry = begin("allreduce_coalesced_", comm, sum([counts[k] for k in range(NKINDS)]),
                           "+".join([KIND_NAMES[k] for k in range(NKINDS) if reds[k] != NULL]))

@@ -1,7 +1,7 @@
 # The part of the MPI C API fastreduce calls, declared nogil (as in mpi4py's
 # libmpi.pxd), plus the compatibility layer of _mpicompat.h.
 
-cdef extern from "_mpicompat.h" nogil:
+cdef extern from "mpicompat.h" nogil:
     ctypedef long long MPI_Count
     ctypedef struct _mpi_comm_t
     ctypedef _mpi_comm_t* MPI_Comm

@@ -1,6 +1,6 @@
 """MPI error codes as Python exceptions, and what MPI this extension was built with."""
 
-from ._libmpi cimport (
+from .libmpi cimport (
     FR_MPI_BUILD_VERSION,
     FR_MPI_FAMILY,
     MPI_Get_library_version,

@@ -12,19 +12,19 @@ from libc.stdlib cimport free
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void** memptr, size_t alignment, size_t size)
 
-from ._dlpack cimport (
+from .dlpack cimport (
     DLPACK_FLAG_BITMASK_IS_COPIED, DLPACK_FLAG_BITMASK_READ_ONLY, DLManagedTensor,
     DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor, kDLComplex, kDLCPU, kDLCUDA,
     kDLCUDAHost, kDLCUDAManaged, kDLOpaqueHandle, kDLROCM, kDLROCMHost,
 )
-from ._cuda cimport consumer_stream, require_device
-from ._dtypes cimport kind_from_dlpack
+from .cudart cimport consumer_stream, require_device
+from .dtypes cimport kind_from_dlpack
 
 cdef extern from "Python.h":
     PyTypeObject* Py_TYPE(object)
     PyObject* PyWeakref_GET_OBJECT(PyObject* ref)  # borrowed; no error
 
-cdef extern from "_hostpool.h" nogil:
+cdef extern from "hostpool.h" nogil:
     enum: FR_POOL_MIN_BYTES
     void* fr_pool_take(size_t nbytes, size_t* size)
     void fr_pool_give(void* ptr, size_t size)
@@ -561,7 +561,7 @@ cdef int check_same_layout(BufferView* x, BufferView* out) except -1:
 
 
 cdef str _view_dtype(BufferView* v):
-    from ._ops import KIND_NAMES
+    from .reductions import KIND_NAMES
     return KIND_NAMES[v.kind]
 
 

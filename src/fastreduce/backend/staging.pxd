@@ -2,11 +2,11 @@
 
 from libc.stdint cimport int64_t
 
-from ._buffer cimport BufferView
-from ._cuda cimport Staging, cudaStream_t
-from ._engine cimport Job
-from ._libmpi cimport MPI_Comm
-from ._ops cimport Reduction
+from .buffer cimport BufferView
+from .cudart cimport Staging, cudaStream_t
+from .engine cimport Job
+from .libmpi cimport MPI_Comm
+from .reductions cimport Reduction
 
 cdef int _check_capture(BufferView* x, BufferView* result) except -1
 cdef int _wait_producers(BufferView* x, BufferView* result) except -1

@@ -4,17 +4,17 @@ import os
 
 from mpi4py cimport MPI
 
-from ._dtypes cimport (
+from .dtypes cimport (
     KIND_BFLOAT16, KIND_BOOL, KIND_COMPLEX64, KIND_COMPLEX128, KIND_FLOAT16, KIND_FLOAT32,
     KIND_FLOAT64, KIND_INT8, KIND_INT16, KIND_INT32, KIND_INT64, KIND_UINT8, KIND_UINT16,
     KIND_UINT32, KIND_UINT64, NKINDS,
 )
-from ._errors cimport CHKERR
-from ._libmpi cimport *
+from .mpierrors cimport CHKERR
+from .libmpi cimport *
 
 from libc.stdint cimport uint16_t
 
-cdef extern from "_halfops.h" nogil:
+cdef extern from "halfops.h" nogil:
     MPI_User_function fr_f16_sum
     MPI_User_function fr_f16_prod
     MPI_User_function fr_f16_min

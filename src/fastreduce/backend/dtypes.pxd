@@ -2,7 +2,7 @@
 
 from libc.stdint cimport uint8_t, uint16_t
 
-from ._dlpack cimport kDLBfloat, kDLBool, kDLComplex, kDLFloat, kDLInt, kDLUInt
+from .dlpack cimport kDLBfloat, kDLBool, kDLComplex, kDLFloat, kDLInt, kDLUInt
 
 cdef enum Kind:
     KIND_BOOL

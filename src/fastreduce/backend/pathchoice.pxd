@@ -4,8 +4,8 @@
 
 from libc.stdint cimport int64_t
 
-from ._libmpi cimport MPI_Comm
-from ._ops cimport Reduction
+from .libmpi cimport MPI_Comm
+from .reductions cimport Reduction
 
 cdef enum:
     PATH_STAGED = 0

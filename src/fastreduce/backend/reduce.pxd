@@ -2,8 +2,8 @@
 
 from libc.stdint cimport int64_t
 
-from ._libmpi cimport MPI_Comm
-from ._ops cimport Reduction
+from .libmpi cimport MPI_Comm
+from .reductions cimport Reduction
 
 cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
               MPI_Comm comm) except -1

@@ -16,11 +16,11 @@ makes each communicator agree again at its next call.
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
-from ._cuda cimport count_path
-from ._dtypes cimport KIND_BFLOAT16, KIND_FLOAT16
-from ._errors cimport CHKERR
-from ._libmpi cimport *
-from ._ops cimport Reduction
+from .cudart cimport count_path
+from .dtypes cimport KIND_BFLOAT16, KIND_FLOAT16
+from .mpierrors cimport CHKERR
+from .libmpi cimport *
+from .reductions cimport Reduction
 
 cdef enum:
     MODE_AUTO = 0
@@ -87,10 +87,10 @@ cdef const Agreed* _agreed(object comm, MPI_Comm handle) except NULL:
     CHKERR(MPI_Comm_get_attr(handle, _keyval, &value, &found))
     if found and (<Agreed*>value).generation == _generation:
         return <const Agreed*>value
-    from . import gpupath
+    from .. import gpupath
 
     if comm is None:
-        from ._collectives import default_comm
+        from .collectives import default_comm
         comm = default_comm()
     mode, support, steps = gpupath._agree(comm)
     cdef Agreed* agreed = _new_agreed(mode, support, steps)

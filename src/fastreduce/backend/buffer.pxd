@@ -2,7 +2,7 @@
 
 from libc.stdint cimport int32_t, int64_t
 
-from ._dlpack cimport DLDataType, DLPackExchangeAPI
+from .dlpack cimport DLDataType, DLPackExchangeAPI
 
 ctypedef struct BufferView:
     char* data                    # first element (DLPack data + byte_offset)

@@ -154,7 +154,7 @@ def host_bytes() -> int:
         elif text == "off":
             _host_bytes = -1
         else:
-            from .gpupath import parse_size
+            from ..gpupath import parse_size
             try:
                 _host_bytes = parse_size(text)
             except ValueError:

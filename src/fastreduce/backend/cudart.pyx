@@ -14,7 +14,7 @@ from libc.math cimport sqrt
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport calloc, free
 
-from ._dlpack cimport kDLCUDA
+from .dlpack cimport kDLCUDA
 
 cdef extern from "<dlfcn.h>" nogil:
     void* dlopen(const char* filename, int flags)

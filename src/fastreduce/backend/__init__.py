@@ -1,0 +1,7 @@
+"""The compiled core: buffers, reductions, MPI calls, GPU staging and the progress engine.
+
+Each extension module holds one concern; they share C functions through their .pxd
+files. Nothing here imports the Python layers above it: settings and hooks are
+handed down by them at set-up (`fastreduce.settings`, `fastreduce.checks`,
+`fastreduce.watchdog`).
+"""

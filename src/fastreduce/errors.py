@@ -1,0 +1,49 @@
+"""Every exception fastreduce defines, in one place, under one base class.
+
+Each also derives from the built-in exception that describes it best, so code that
+catches ``ValueError`` or ``RuntimeError`` keeps working. Bad arguments that fit a
+built-in exception exactly (a tensor of the wrong type, a read-only buffer, an MPI
+error code) are raised as that built-in (``TypeError``, ``BufferError``,
+``mpi4py.MPI.Exception``), with a message that starts with ``fastreduce:``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "CalibrationError",
+    "CollectiveMismatch",
+    "FastreduceError",
+    "SettingError",
+    "UsageError",
+]
+
+
+class FastreduceError(Exception):
+    """The base class of every exception fastreduce defines."""
+
+
+class SettingError(FastreduceError, ValueError):
+    """A ``FASTREDUCE_*`` environment variable holds a value its parser refuses."""
+
+
+class CollectiveMismatch(FastreduceError, RuntimeError):
+    """The ranks of a communicator called a collective with different arguments: raised
+    on every rank, naming what differs and which ranks passed what."""
+
+    def __init__(self, message: str, differences: dict | None = None):
+        super().__init__(message)
+        self.differences = differences or {}  # field -> {value: [ranks]}
+
+
+class CalibrationError(FastreduceError, RuntimeError):
+    """The GPU path calibration failed on some rank; every rank of the group raises it."""
+
+
+class BackendError(FastreduceError, ValueError):
+    """An operation, dtype or setting the torch.distributed backend does not support."""
+
+
+class UsageError(FastreduceError):
+    """Bad command-line arguments to a fastreduce tool: every rank finds the same, rank 0
+    says so, and all exit with status 2."""

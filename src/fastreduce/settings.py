@@ -1,0 +1,232 @@
+"""Every ``FASTREDUCE_*`` environment variable, declared once: its type, default, parser and
+meaning (as `mpi4py.rc` is for mpi4py).
+
+`value` reads one setting from the environment and parses it: an invalid value raises
+`fastreduce.errors.SettingError` (a ValueError) naming the variable and what to give.
+The modules that act on a setting ask here; the compiled core is handed the parsed
+values by the Python core, at import or at first use. `fastreduce-info` prints the
+table, and the settings page of the documentation is generated from it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import SettingError
+from .sizes import parse_size
+
+__all__ = ["SETTINGS", "Setting", "describe", "is_set", "raw", "value"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its name, the kind of value, the default in words, what it
+    does, and the parser from its text (None when unset or blank) to the value used."""
+
+    name: str
+    kind: str
+    default: str
+    doc: str
+    parse: Callable[[str | None], Any]
+    section: str
+
+
+def _fail(name: str, text: str, hint: str) -> SettingError:
+    return SettingError(f"fastreduce: {name}={text!r}: {hint}")
+
+
+def _choice(name: str, choices: tuple[str, ...], default: str | None, hint: str,
+            lower: bool = False) -> Callable[[str | None], Any]:
+    def parse(text: str | None):
+        text = (text or "").strip()
+        if lower:
+            text = text.lower()
+        if not text:
+            return default
+        if text not in choices:
+            raise _fail(name, text, hint)
+        return text
+    return parse
+
+
+def _flag(name: str, default: bool | None) -> Callable[[str | None], Any]:
+    """0 or 1; None (unset or blank) gives the default."""
+    def parse(text: str | None):
+        text = (text or "").strip()
+        if not text:
+            return default
+        if text not in ("0", "1"):
+            raise _fail(name, text, "use 0 or 1")
+        return text == "1"
+    return parse
+
+
+def _seconds(name: str, hint: str, zero_is_none: bool) -> Callable[[str | None], Any]:
+    def parse(text: str | None):
+        text = (text or "").strip()
+        if not text or (zero_is_none and text == "0"):
+            return None
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = float("nan")
+        if not seconds > 0:
+            raise _fail(name, text, hint)
+        return seconds
+    return parse
+
+
+def _size(name: str, hint: str, default: int | None, off: int | None = None
+          ) -> Callable[[str | None], Any]:
+    def parse(text: str | None):
+        text = (text or "").strip().lower()
+        if not text:
+            return default
+        if off is not None and text == "off":
+            return off
+        try:
+            return parse_size(text)
+        except ValueError:
+            raise _fail(name, text, hint) from None
+    return parse
+
+
+def _number(name: str, hint: str, cast: Callable[[str], Any], positive: bool = False
+            ) -> Callable[[str | None], Any]:
+    def parse(text: str | None):
+        text = (text or "").strip()
+        if not text:
+            return None
+        try:
+            number = cast(text)
+        except ValueError:
+            raise _fail(name, text, hint) from None
+        if positive and not number >= 1:
+            raise _fail(name, text, hint)
+        return number
+    return parse
+
+
+def _text(text: str | None) -> str | None:
+    return (text or "").strip() or None
+
+
+def _lenient_flag(text: str | None) -> bool:
+    """Anything but unset, blank or 0 turns it on."""
+    return (text or "").strip() not in ("", "0")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # --- checks and diagnostics
+    Setting("FASTREDUCE_DEBUG", "0 or 1", "0",
+            "Debug mode: before every all-reduce the ranks compare call, count, dtype, op and "
+            "device, and raise CollectiveMismatch on every rank where they differ.",
+            _flag("FASTREDUCE_DEBUG", False), "checks"),
+    Setting("FASTREDUCE_DEBUG_WAIT", "seconds", "10",
+            "Debug mode: how long a rank waits for the others' fingerprints before it reports "
+            "a rank that has not arrived.",
+            _seconds("FASTREDUCE_DEBUG_WAIT", "give a number of seconds > 0", False), "checks"),
+    Setting("FASTREDUCE_TIMEOUT", "seconds", "none",
+            "The watchdog: a collective not completed within this many seconds prints the "
+            "flight record and aborts the job (0 or unset: no watchdog).",
+            _seconds("FASTREDUCE_TIMEOUT", "give seconds, or 0 for none", True), "checks"),
+    Setting("FASTREDUCE_FLIGHT_RECORD", "count", "64",
+            "How many recent collectives the flight record keeps.",
+            _number("FASTREDUCE_FLIGHT_RECORD", "give a positive number", int, positive=True),
+            "checks"),
+    Setting("FASTREDUCE_CHECK_CONSISTENCY", "0 or 1", "0",
+            "The torch layers compare dtype and shape across ranks before each reduction "
+            "(one extra small all-gather per call).",
+            _lenient_flag, "checks"),
+    # --- host all-reduce
+    Setting("FASTREDUCE_SEGMENT_BYTES", "bytes (K, M, G)", "4MiB",
+            "Split host all-reduces larger than this into segments, one MPI call each "
+            "(0: one MPI call per all-reduce).",
+            _size("FASTREDUCE_SEGMENT_BYTES", "give bytes (with K, M or G), or 0 for one MPI "
+                  "call per all-reduce", None), "host"),
+    Setting("FASTREDUCE_RESULT_CACHE_MB", "MiB", "256",
+            "The most memory the out-of-place result cache keeps for reuse (0: none).",
+            _number("FASTREDUCE_RESULT_CACHE_MB", "give a number of MiB", float), "host"),
+    Setting("FASTREDUCE_HALF_OPS", "auto, mpi or fastreduce", "auto",
+            "Whose reduction ops 16-bit floats use: the MPI's own (mpi), fastreduce's "
+            "(fastreduce), or the MPI's where it is Open MPI (auto).",
+            _choice("FASTREDUCE_HALF_OPS", ("auto", "mpi", "fastreduce"), "auto",
+                    "use auto, mpi or fastreduce", lower=True), "host"),
+    Setting("FASTREDUCE_ENGINE", "0 or 1", "on where MPI_THREAD_MULTIPLE",
+            "The progress engine: non-blocking calls run on a background thread (0: MPI's "
+            "non-blocking collectives instead).",
+            _flag("FASTREDUCE_ENGINE", None), "host"),
+    Setting("FASTREDUCE_ENGINE_HOST_BYTES", "bytes (K, M, G) or off", "64KiB",
+            "The smallest non-blocking host all-reduce the engine runs (0: every one; off: "
+            "none, MPI_Iallreduce instead).",
+            _size("FASTREDUCE_ENGINE_HOST_BYTES", "give bytes (with K, M or G), 0 for every "
+                  "host request, or off", None, off=-1), "host"),
+    # --- GPU tensors
+    Setting("FASTREDUCE_CUDA_AWARE", "0 or 1", "asks the MPI",
+            "Whether the MPI can read GPU memory, overriding the MPI's own answer.",
+            _flag("FASTREDUCE_CUDA_AWARE", None), "gpu"),
+    Setting("FASTREDUCE_DEVICE_POINTERS", "none or blocking,nonblocking,16bit",
+            "what the MPI promises",
+            "The calls that may hand device pointers to the MPI, overriding fastreduce's table "
+            "of what each MPI promises (a wrong promise crashes).",
+            _text, "gpu"),
+    Setting("FASTREDUCE_GPU_PATH", "auto, direct or staged", "auto",
+            "How CUDA tensors are reduced where the MPI allows both: device pointers to MPI "
+            "(direct), through pinned host memory (staged), or per the size table (auto).",
+            _choice("FASTREDUCE_GPU_PATH", ("auto", "direct", "staged"), "auto",
+                    "use one of auto, direct, staged", lower=True), "gpu"),
+    Setting("FASTREDUCE_GPU_THRESHOLDS", "size table", "calibrated",
+            "The pinned size table for GPU_PATH=auto (the line `fastreduce-info --calibrate` "
+            "prints, e.g. 0:direct,4KiB:staged); unset: calibrated per communicator group.",
+            _text, "gpu"),
+    Setting("FASTREDUCE_GPU_THRESHOLDS_FILE", "path", "none",
+            "A file holding the size table (instead of FASTREDUCE_GPU_THRESHOLDS).",
+            _text, "gpu"),
+    Setting("FASTREDUCE_STAGING_CHUNK_KB", "KiB", "0 (automatic)",
+            "The chunk size of the pipelined GPU staging path (0: automatic).",
+            _number("FASTREDUCE_STAGING_CHUNK_KB", "give a whole number of KiB (0: automatic)",
+                    int), "gpu"),
+    Setting("FASTREDUCE_CUDART", "path", "searched",
+            "The CUDA runtime library to load, instead of searching for it.",
+            _text, "gpu"),
+)
+
+_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+def _setting(name: str) -> Setting:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"fastreduce: no setting {name!r}; the settings are "
+                       f"{', '.join(_BY_NAME)}") from None
+
+
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The text of a setting in the environment (None when unset)."""
+    _setting(name)
+    return (os.environ if environ is None else environ).get(name)
+
+
+def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a setting is given (set and not blank)."""
+    return bool((raw(name, environ) or "").strip())
+
+
+def value(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of a setting (its parser's default when unset); SettingError if the
+    environment's text is invalid."""
+    return _setting(name).parse(raw(name, environ))
+
+
+def describe(environ: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """(name, text in the environment or "(default: ...)", meaning) for every setting."""
+    rows = []
+    for s in SETTINGS:
+        text = raw(s.name, environ)
+        shown = text if text is not None else f"(default: {s.default})"
+        rows.append((s.name, shown, s.doc))
+    return rows

@@ -1,0 +1,1 @@
+"""The command-line tools: `fastreduce-bench` and `fastreduce-info`."""
