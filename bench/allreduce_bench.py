@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 import fastreduce
 from fastreduce._abi import first_line
-from fastreduce.bench import parse_size
+from fastreduce.sizes import format_size, parse_size
 
 HERE = Path(__file__).resolve().parent
 
@@ -230,8 +230,9 @@ def main() -> int:
                  if check is not None}
         if args.only:
             if rank == 0:
-                print(human(nbytes), {k: round(statistics.median(s[0] for s in v) * 1e6, 2)
-                                      for k, v in samples.items()}, wrong)
+                print(format_size(nbytes, exact=False),
+                      {k: round(statistics.median(s[0] for s in v) * 1e6, 2)
+                       for k, v in samples.items()}, wrong)
             continue
         rows.append(summarise(nbytes, samples, wrong, p))
         if rank == 0:
@@ -269,13 +270,6 @@ def summarise(nbytes: int, samples: dict, wrong: dict, p: int) -> dict:
     return row
 
 
-def human(n: int) -> str:
-    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n // size} {unit}"
-    return f"{n} B"
-
-
 def print_table(meta: dict, rows: list[dict]) -> None:
     print(f"# fastreduce {meta['fastreduce']} allreduce benchmark, {meta['date']}")
     print(f"# {meta['ranks']} ranks on {meta['nodes']} node(s), {meta['machine']}; "
@@ -294,7 +288,7 @@ def print_table(meta: dict, rows: list[dict]) -> None:
             return f"{lat[name]['avg']:8.2f} ({ratio[name]:4.2f}x)"
 
         oop = lat["C out of place"]["avg"] + lat["torch.empty_like"]["avg"]
-        print(f"{human(row['bytes']):>8} {lat['C floor']['avg']:9.2f} "
+        print(f"{format_size(row['bytes'], exact=False):>8} {lat['C floor']['avg']:9.2f} "
               f"{cell('mpi4py+numpy'):>16} {cell('mpi4py+torch'):>16} {cell('fr_ torch'):>15} "
               f"{oop:11.2f} {cell('fr torch'):>15} {bw['C floor']:8.2f} "
               f"{bw['fr_ torch']:6.2f} {bw['fr torch']:6.2f} {sum(row['wrong'].values()):6d}")

@@ -126,10 +126,10 @@ def main() -> int:
     import fastreduce
     import fastreduce.backend.cudart as frcuda
     from fastreduce._abi import first_line
-    from fastreduce.bench import parse_size
+    from fastreduce.sizes import format_size, parse_size
 
     sys.path.insert(0, str(HERE))
-    from allreduce_bench import human, load_floor  # noqa: E402  (bench/ is not a package)
+    from allreduce_bench import load_floor  # noqa: E402  (bench/ is not a package)
 
     torch.cuda.set_device(fastreduce.local_rank() % torch.cuda.device_count())
     device = torch.device("cuda", torch.cuda.current_device())
@@ -241,7 +241,7 @@ def main() -> int:
                           "pinned_bytes": counts["pinned_bytes"]}
         large_rows.append(row)
         if rank == 0:
-            print(f"  measured {human(nbytes)}", file=sys.stderr, flush=True)
+            print(f"  measured {format_size(nbytes, exact=False)}", file=sys.stderr, flush=True)
         del buf
 
     small_rows = []
@@ -301,7 +301,7 @@ def summarise(nbytes: int, samples: dict, wrong: dict) -> dict:
 
 
 def print_tables(meta: dict, large: list[dict], small: list[dict]) -> None:
-    from allreduce_bench import human
+    from fastreduce.sizes import format_size
 
     print(f"# fastreduce {meta['fastreduce']} GPU all-reduce benchmark, {meta['date']}")
     print(f"# {meta['ranks']} ranks on {meta['nodes']} node(s), {meta['ranks_per_gpu']} per "
@@ -314,20 +314,21 @@ def print_tables(meta: dict, large: list[dict], small: list[dict]) -> None:
               f"{'d2h':>9} {'mpi':>9} {'h2d':>9} {'A/parts':>7} {'A GB/s':>7} {'#wrong':>6}")
         for row in large:
             lat = {k: v["avg"] for k, v in row["lat_us"].items()}
-            print(f"{human(row['bytes']):>8} {row['staging']['chunks']:6d} "
+            print(f"{format_size(row['bytes'], exact=False):>8} {row['staging']['chunks']:6d} "
                   f"{lat['A fastreduce']:12.1f} {lat['B by hand']:10.1f} "
                   f"{row['ratio']['A/B']:5.2f}x {lat['d2h']:9.1f} {lat['mpi']:9.1f} "
                   f"{lat['h2d']:9.1f} {row['ratio']['A/parts']:6.2f}x "
                   f"{row['algbw_GBps']['A fastreduce']:7.2f} {sum(row['wrong'].values()):6d}")
         worst = max(row["ratio"]["A/B"] for row in large)
-        print(f"# A/B: worst {worst:.2f}x over {human(large[0]['bytes'])}.."
-              f"{human(large[-1]['bytes'])} (target <= 1.2x)")
+        print(f"# A/B: worst {worst:.2f}x over {format_size(large[0]['bytes'], exact=False)}.."
+              f"{format_size(large[-1]['bytes'], exact=False)} (target <= 1.2x)")
     if small:
         print(f"{'size':>8} {'cpu':>8} {'cuda':>8} {'cuda/cpu':>8} {'nosync':>8} {'sync':>7} "
               f"{'d2h':>7} {'h2d':>7} {'C floor':>8} {'model':>8} {'residual':>8} {'#wrong':>6}")
         for row in small:
             lat = {k: v["avg"] for k, v in row["lat_us"].items()}
-            print(f"{human(row['bytes']):>8} {lat['cpu']:8.2f} {lat['cuda']:8.2f} "
+            print(f"{format_size(row['bytes'], exact=False):>8} {lat['cpu']:8.2f} "
+                  f"{lat['cuda']:8.2f} "
                   f"{row['ratio_cuda_cpu']:7.1f}x {lat['cuda nosync']:8.2f} {lat['sync']:7.2f} "
                   f"{lat['d2h']:7.2f} {lat['h2d']:7.2f} {lat['C floor']:8.2f} "
                   f"{row['model_us']:8.2f} {row['residual_us']:8.2f} {row['wrong']:6d}")

@@ -39,8 +39,8 @@ from mpi4py import MPI
 
 import fastreduce
 import fastreduce.distributed  # noqa: F401  (registers the torch.distributed backend)
-from fastreduce.backend import engine as _engine
 from fastreduce._abi import first_line
+from fastreduce.backend import engine as _engine
 
 sys.path.insert(0, str(Path(__file__).parent))
 from allreduce_bench import load_floor  # noqa: E402

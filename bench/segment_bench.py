@@ -25,7 +25,7 @@ from mpi4py import MPI
 import fastreduce
 from fastreduce import runtime
 from fastreduce._abi import first_line
-from fastreduce.gpupath import format_size, parse_size
+from fastreduce.sizes import format_size, parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from allreduce_bench import load_floor  # noqa: E402

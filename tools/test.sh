@@ -48,6 +48,11 @@ for mpi in $mpis; do
   rc=$?
   echo "=== $mpi: pytest exit status $rc ==="
   [ "$rc" -eq 0 ] || status=1
+  # The documentation, warnings as errors, once (its API pages import the built package).
+  if [ "$mpi" = "$last" ]; then
+    echo "=== documentation (Sphinx, -W) ==="
+    PYTHON="$venv/bin/python" bash "$root/tools/docs.sh" -q || { echo "=== docs build failed ===" >&2; status=1; }
+  fi
 done
 
 # The quick subset for the minimum versions (about a minute of tests on 2 cores).

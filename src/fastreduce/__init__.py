@@ -11,7 +11,12 @@ from . import _abi
 
 _abi.check()  # before any MPI call through a possibly mismatched library
 
-from . import runtime, watchdog  # noqa: E402, F401  (fastreduce.runtime without an import)
+from . import (  # noqa: E402, F401  (fastreduce.runtime without an import)
+    configure,
+    runtime,
+    watchdog,
+)
+from ._version import __version__  # noqa: E402
 from .backend.buffer import result_cache_info, set_result_cache_limit  # noqa: E402
 from .backend.collectives import (  # noqa: E402
     HAVE_LARGE_COUNT,
@@ -26,13 +31,13 @@ from .backend.collectives import (  # noqa: E402
 )
 from .backend.mpierrors import build_mpi  # noqa: E402
 from .backend.reductions import OP_NAMES, half_precision_paths, supports  # noqa: E402
-from ._version import __version__  # noqa: E402
 from .checks import CollectiveMismatch, set_debug  # noqa: E402
-from .gpupath import CalibrationError  # noqa: E402
+from .errors import CalibrationError  # noqa: E402
 from .partition import CartesianPartition, Partition  # noqa: E402
 from .runtime import cuda_aware, local_rank, local_size, set_cuda_aware  # noqa: E402
 from .watchdog import flight_record, set_timeout  # noqa: E402
 
+configure.hand_down_settings()  # the compiled core's FASTREDUCE_* settings and hooks
 set_debug(None)  # FASTREDUCE_DEBUG
 watchdog._from_environment()  # FASTREDUCE_TIMEOUT, FASTREDUCE_FLIGHT_RECORD
 
@@ -46,8 +51,6 @@ _TORCH_ATTRIBUTES = {
 
 
 def __getattr__(name: str):
-    import importlib
-
     if name in ("nn", "autograd", "gradsync", "bench", "info", "distributed", "distdl", "ops"):
         value = importlib.import_module(f".{name}", __name__)
     elif name in _TORCH_ATTRIBUTES:

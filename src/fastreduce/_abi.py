@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from mpi4py import MPI
+
+from .backend import mpierrors
+
 _MPICH_FAMILY_MARKERS = ("MPICH", "Intel(R) MPI", "MVAPICH", "CRAY MPICH")
 
 
@@ -51,12 +55,8 @@ def mismatch(build: tuple[str, str], linked: str, loaded: str) -> str | None:
 
 def check() -> None:
     """Raise ImportError when fastreduce's MPI is not the one mpi4py has loaded."""
-    from mpi4py import MPI
-
-    from .backend import mpierrors as _errors
-
     problem = mismatch(
-        _errors.build_mpi(), _errors.linked_library_version(), MPI.Get_library_version()
+        mpierrors.build_mpi(), mpierrors.linked_library_version(), MPI.Get_library_version()
     )
     if problem is not None:
         raise ImportError("fastreduce: " + problem)

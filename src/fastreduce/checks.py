@@ -10,18 +10,17 @@ differ, or when any rank refused its arguments.
 
 from __future__ import annotations
 
-import os
 import pickle
 import struct
 import time
 
 from mpi4py import MPI
 
-from . import watchdog
+from . import settings, watchdog
+from .backend import collectives
 from .errors import CollectiveMismatch
 
 __all__ = ["CollectiveMismatch", "agree", "debug", "fingerprint", "set_debug"]
-
 
 
 def _ranks_by_value(values: list) -> dict:
@@ -124,23 +123,18 @@ def set_debug(on: bool | None, *, report_after: float | None = None) -> bool:
     CollectiveMismatch. Every rank must use the same setting: turning it on the first time
     is collective over COMM_WORLD (it duplicates COMM_WORLD for those reports)."""
     global _debug, _channel, _report_after
-    from .backend import collectives as _collectives
-
     old = _debug
     if on is None:
-        text = os.environ.get("FASTREDUCE_DEBUG", "").strip()
-        if text not in ("", "0", "1"):
-            raise ValueError(f"FASTREDUCE_DEBUG={text!r}: use 0 or 1")
-        on = text == "1"
+        on = settings.value("FASTREDUCE_DEBUG")
     if report_after is not None:
         _report_after = _seconds("report_after", str(report_after))
-    elif os.environ.get("FASTREDUCE_DEBUG_WAIT", "").strip():
-        _report_after = _seconds("FASTREDUCE_DEBUG_WAIT", os.environ["FASTREDUCE_DEBUG_WAIT"])
+    elif (wait := settings.value("FASTREDUCE_DEBUG_WAIT")) is not None:
+        _report_after = wait
     if on and _channel is None:
         _channel = MPI.COMM_WORLD.Dup()
         _channel.Set_name("fastreduce debug reports")
     _debug = bool(on)
-    _collectives._set_debug(_debug)
+    collectives.set_debug_hook(fingerprint if _debug else None)
     return old
 
 

@@ -1,4 +1,4 @@
-"""How fastreduce reduces CUDA tensors: what each MPI promises, the settings, the calibration.
+"""How fastreduce reduces CUDA tensors: what each MPI promises, the settings, the size tables.
 
 A CUDA tensor is reduced one of two ways:
 
@@ -12,36 +12,36 @@ else is staged, whatever the settings say. Among the calls where both are allowe
 ``FASTREDUCE_GPU_PATH`` (``auto``, ``direct``, ``staged``) decides; ``auto`` follows a
 size table: pinned by ``FASTREDUCE_GPU_THRESHOLDS`` (or a file named by
 ``FASTREDUCE_GPU_THRESHOLDS_FILE``), else measured by `calibrate` the first time a
-communicator's group needs it (collective, well under a second) and kept for the process.
+communicator's group needs it (collective, well under a second; `fastreduce.calibration`)
+and kept for the process.
 
 Settings are read at the first GPU call; the ``set_*`` functions change them later.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from . import watchdog
-from .errors import CalibrationError
+from mpi4py import MPI
+
+from . import settings
+from .backend import mpierrors, pathchoice
 from .sizes import format_size, parse_size
 
 __all__ = [
-    "CALIBRATION_SIZES",
-    "CalibrationError",
     "DevicePointerSupport",
     "PathTable",
-    "calibrate",
+    "cuda_aware",
     "device_pointer_support",
     "gpu_path_mode",
     "gpu_path_settings",
     "mpi_promises",
     "parse_size",
     "pinned_thresholds",
+    "set_cuda_aware",
     "set_device_pointer_calls",
     "set_gpu_path",
     "set_gpu_thresholds",
@@ -50,8 +50,6 @@ __all__ = [
 PATHS = ("direct", "staged")
 MODES = ("auto", "direct", "staged")
 CALLS = ("blocking", "nonblocking", "16bit")
-# Message sizes the calibration times, both paths each (float32 sums).
-CALIBRATION_SIZES = (8, 256, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 
 
 # --- what each MPI promises ---------------------------------------------------------
@@ -165,6 +163,53 @@ def set_device_pointer_calls(calls: str | Iterable[str] | None) -> None:
     _forget()
 
 
+# --- whether the MPI can read GPU memory at all -------------------------------------
+
+_cuda_aware_override: bool | None = None
+
+
+def set_cuda_aware(value: bool | None) -> None:
+    """Declare whether the MPI can read GPU memory (None: detect again).
+
+    The GPU paths ask cuda_aware() once, at their first call, and keep the answer
+    until this is called; FASTREDUCE_CUDA_AWARE is read then too.
+    """
+    global _cuda_aware_override
+    _cuda_aware_override = None if value is None else bool(value)
+    pathchoice.forget()
+
+
+def cuda_aware() -> tuple[bool, str]:
+    """(answer, how it was reached): the Python switch, FASTREDUCE_CUDA_AWARE, the MPI's
+    own query (MPIX_Query_cuda_support / MPIX_GPU_query_support / the MPI 4.1
+    mpi_memory_alloc_kinds info), else not CUDA-aware."""
+    if _cuda_aware_override is not None:
+        return _cuda_aware_override, "fastreduce.set_cuda_aware()"
+    setting = settings.value("FASTREDUCE_CUDA_AWARE")
+    if setting is not None:
+        return setting, "FASTREDUCE_CUDA_AWARE"
+    answer = mpierrors.mpi_cuda_query()
+    if answer is not None:
+        return answer
+    kinds = _memory_alloc_kinds()
+    if kinds is not None:
+        return ("cuda" in kinds.split(",") or any(k.startswith("cuda:") for k in
+                                                  kinds.split(","))), \
+            f"mpi_memory_alloc_kinds={kinds!r}"
+    return False, "no query available in this MPI: assumed not CUDA-aware"
+
+
+def _memory_alloc_kinds() -> str | None:
+    try:
+        info = MPI.COMM_WORLD.Get_info()
+    except MPI.Exception:
+        return None
+    try:
+        return info.Get("mpi_memory_alloc_kinds")
+    finally:
+        info.Free()
+
+
 def device_pointer_support() -> DevicePointerSupport:
     """The calls that may hand device pointers to MPI here: the override, else the table."""
     if _override_calls is not None:
@@ -172,16 +217,12 @@ def device_pointer_support() -> DevicePointerSupport:
     setting = os.environ.get("FASTREDUCE_DEVICE_POINTERS", "").strip()
     if setting:
         return _parse_calls(setting, "FASTREDUCE_DEVICE_POINTERS")
-    from .runtime import cuda_aware
-
     aware, how = cuda_aware()
     return mpi_promises(_library_version(), aware, how)
 
 
 def _library_version() -> str:
     """MPI_Get_library_version's text (tests put other MPIs' answers here)."""
-    from mpi4py import MPI
-
     return MPI.Get_library_version()
 
 
@@ -319,199 +360,10 @@ def gpu_path_settings() -> dict:
 
 
 def _forget() -> None:
-    from .backend import pathchoice as _gpupath
-
-    _gpupath.forget()
-
-
-def _agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
-    """(mode, support, auto mode's size table) that every rank of comm agrees on (collective).
-
-    The settings decide which MPI calls each rank makes, so they must be the same on every
-    rank: a difference, or a bad setting on any rank, raises ValueError on every rank.
-    """
-    try:
-        mode, _ = gpu_path_mode()
-        support = device_pointer_support()
-        pinned = pinned_thresholds() if mode == "auto" else None
-        from .backend import engine as _engine
-
-        engine = "engine" if _engine.state()[0] else "no engine"
-        mine = (mode, support.calls(), pinned.spec() if pinned else "calibrated", engine)
-        error = None
-    except ValueError as exc:
-        mine, error = None, str(exc)
-    with watchdog.recorded("GPU path settings agreement (MPI_Allgather)", comm):
-        everyone = comm.allgather((mine, error))
-    failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err]
-    if error:
-        raise ValueError(error)
-    if failed:
-        raise ValueError(f"fastreduce: rank {failed[0][0]} of this communicator has a bad GPU "
-                         f"path setting ({failed[0][1]})")
-    if len({m for m, _ in everyone}) > 1:
-        by_setting: dict = {}
-        for rank, (m, _) in enumerate(everyone):
-            by_setting.setdefault(m, []).append(rank)
-        said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r[:8]))}"
-                         f"{'...' if len(r) > 8 else ''}: mode {m[0]}, device pointers "
-                         f"{m[1]}, size table {m[2]}, {m[3]}" for m, r in by_setting.items())
-        raise ValueError(
-            f"fastreduce: the ranks of this communicator disagree on the GPU path settings, "
-            f"which decide the MPI calls each one makes ({said}); give every rank the same "
-            f"FASTREDUCE_GPU_PATH, FASTREDUCE_GPU_THRESHOLDS(_FILE), FASTREDUCE_DEVICE_POINTERS, "
-            f"FASTREDUCE_CUDA_AWARE and FASTREDUCE_ENGINE (and the same set_* calls)")
-    if mode != "auto" or not (support.blocking or support.nonblocking):
-        steps = ((0, "staged"),)  # not consulted: the mode or the MPI decides
-    elif pinned is not None:
-        steps = pinned.steps
-    else:
-        steps = _thresholds_for(comm)
-    return mode, support, steps
+    pathchoice.forget()
 
 
 # Groups already calibrated in this process, with their steps: a communicator whose group
 # has the same members reuses them (no collective). Consistent across ranks: every member
 # of a group took part in its calibration.
 _calibrated: list[tuple[object, tuple]] = []
-
-
-def _thresholds_for(comm) -> tuple:
-    """Steps for comm's group: reused, or calibrated now (collective over comm)."""
-    from mpi4py import MPI
-
-    group = comm.Get_group()
-    for known, steps in _calibrated:
-        if group.Compare(known) in (MPI.IDENT, MPI.SIMILAR):
-            group.Free()
-            return steps
-    result = calibrate(comm, details=True)
-    if result.sizes:  # measured (not "staged: nothing can go direct"): keep it
-        _calibrated.append((group, result.table.steps))
-    return result.table.steps
-
-
-def _reps(nbytes: int) -> int:
-    """Calls per measurement, the first one untimed (the same on every rank)."""
-    return 21 if nbytes <= 64 << 10 else 9 if nbytes <= 1 << 20 else 4
-
-
-def _call_counts(nbytes: int, path: str) -> list[int]:
-    """The element counts of the MPI_Allreduce calls one blocking float32 call of nbytes
-    makes by a path (staged chunks, and segments of either)."""
-    from .backend import cudart as _cuda, reduce as _reduce
-
-    count = nbytes // 4
-    if path == "direct":
-        whole = [count]
-    else:
-        chunk, nchunks = _cuda.plan_staging(nbytes)
-        whole = [count] if nchunks <= 1 else (
-            [chunk // 4] * (nchunks - 1) + [(nbytes - (nchunks - 1) * chunk) // 4])
-    return [n for c in whole for n in _reduce._call_plan(c, 4)]
-
-
-def _measure(comm, ptr: int, nbytes: int, path: str, reps: int) -> list[float]:
-    """Seconds of each of `reps` calls (replaced in tests by fake timings)."""
-    from .backend import staging as _staged
-
-    return _staged._time_device_path(comm, ptr, nbytes, path, reps)
-
-
-def _catch_up(comm, counts: list[int], done: int) -> None:
-    """After a local failure: make the MPI calls this rank still owes the others, on host
-    memory, so the collectives stay matched and the failure can be reported everywhere."""
-    import numpy as np
-
-    from .backend import collectives as _collectives
-
-    for count in counts[done:]:
-        _collectives.allreduce_(np.zeros(count, np.float32), comm=comm)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """A calibration's measurements (slowest rank's median, seconds) and the table."""
-
-    sizes: tuple[int, ...]
-    direct: tuple[float, ...]
-    staged: tuple[float, ...]
-    table: PathTable
-
-
-def calibrate(comm=None, *, details: bool = False):
-    """Time both paths on this communicator's current GPUs and return the size table
-    (a Calibration with the timings when `details`). Collective over comm.
-
-    Every rank times float32 sums of CALIBRATION_SIZES by both paths; a size goes direct
-    where the slowest rank's median is lower. A failure on any rank (a CUDA or MPI error)
-    raises the same CalibrationError on every rank.
-    """
-    from .backend import collectives as _collectives
-
-    if comm is None:
-        comm = _collectives.default_comm()
-    with watchdog.recorded("GPU path calibration", comm):
-        return _calibrate(comm, details)
-
-
-def _calibrate(comm, details: bool):
-    from .backend import cudart as _cuda, reduce as _reduce
-
-    support = device_pointer_support()
-    if not support.blocking:
-        table = PathTable(((0, "staged"),), f"not calibrated: {support.why}")
-        empty = ()
-        return Calibration(empty, empty, empty, table) if details else table
-    error = None
-    ptr = None
-    try:
-        ptr = _cuda.device_alloc(max(CALIBRATION_SIZES))
-    except Exception as exc:  # noqa: BLE001  (reported on every rank below)
-        error = f"{type(exc).__name__}: {exc}"
-    medians = []
-    try:
-        for nbytes in CALIBRATION_SIZES:
-            for path in PATHS:
-                reps = _reps(nbytes)
-                counts = _call_counts(nbytes, path) * reps
-                before = _reduce._mpi_call_count()
-                median = math.nan
-                if error is None:
-                    try:
-                        times = _measure(comm, ptr, nbytes, path, reps)
-                        median = statistics.median(times[1:])
-                    except Exception as exc:  # noqa: BLE001
-                        error = f"{type(exc).__name__}: {exc}"
-                try:
-                    _catch_up(comm, counts, _reduce._mpi_call_count() - before)
-                except Exception as exc:  # noqa: BLE001  (MPI is failing: report it below)
-                    error = error or f"{type(exc).__name__}: {exc}"
-                medians.append(median)
-    finally:
-        if ptr is not None:
-            try:
-                _cuda.device_free(ptr)
-            except Exception as exc:  # noqa: BLE001
-                error = error or f"{type(exc).__name__}: {exc}"
-    everyone = comm.allgather((error, medians))
-    failed = [(rank, err) for rank, (err, _) in enumerate(everyone) if err]
-    if failed:
-        ranks = ", ".join(str(rank) for rank, _ in failed)
-        raise CalibrationError(
-            f"fastreduce: the GPU path calibration failed on rank {ranks} of "
-            f"{comm.Get_size()} (rank {failed[0][0]}: {failed[0][1]}); fix that, or skip "
-            f"the calibration: FASTREDUCE_GPU_PATH=staged, or pin the sizes with "
-            f"FASTREDUCE_GPU_THRESHOLDS")
-    slowest = [max(values[i] for _, values in everyone) for i in range(len(medians))]
-    direct, staged = slowest[0::2], slowest[1::2]
-    chosen = ["direct" if d < s else "staged" for d, s in zip(direct, staged, strict=True)]
-    steps = [(0, chosen[0])]
-    for i in range(1, len(chosen)):
-        if chosen[i] != chosen[i - 1]:  # switch half-way (geometrically) between the sizes
-            start = int(math.sqrt(CALIBRATION_SIZES[i - 1] * CALIBRATION_SIZES[i]))
-            steps.append((start // 4 * 4, chosen[i]))
-    table = PathTable(tuple(steps), f"calibrated on {comm.Get_size()} ranks")
-    if details:
-        return Calibration(CALIBRATION_SIZES, tuple(direct), tuple(staged), table)
-    return table

@@ -75,6 +75,17 @@ def _as_int_list(values: Iterable, what: str) -> list[int]:
     return out
 
 
+# Set by fastreduce.torch.distributed when it is imported (the torch layer sits above this
+# one): comm -> a torch.distributed process group sharing that communicator.
+_process_group_factory = None
+
+
+def set_process_group_factory(factory) -> None:
+    """Install the maker of Partition.process_group()'s groups (the torch backend does)."""
+    global _process_group_factory
+    _process_group_factory = factory
+
+
 class Partition:
     """A set of workers over an mpi4py intracommunicator; inactive where comm is COMM_NULL."""
 
@@ -118,9 +129,11 @@ class Partition:
             raise ValueError("fastreduce: this worker is not in the partition (inactive); only "
                              "its members call process_group()")
         if self._process_group is None:
-            from .torch.distributed import process_group
-
-            self._process_group = process_group(self._comm)
+            if _process_group_factory is None:
+                raise RuntimeError("fastreduce: Partition.process_group() needs the "
+                                   "torch.distributed backend: import fastreduce.distributed "
+                                   "and call dist.init_process_group('fastreduce') first")
+            self._process_group = _process_group_factory(self._comm)
             self._process_group._partition = self  # the group keeps the communicator alive
         return self._process_group
 

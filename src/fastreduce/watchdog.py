@@ -19,12 +19,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import os
 import sys
 import threading
 import time
 
 from mpi4py import MPI
+
+from . import settings
+from .backend import collectives
 
 __all__ = ["flight_record", "format_record", "recorded", "set_timeout", "timeout"]
 
@@ -130,14 +132,15 @@ def set_timeout(seconds: float | None) -> None:
     """Abort the job when a collective is stuck longer than `seconds` (None: off; the
     default comes from FASTREDUCE_TIMEOUT). Every rank should use the same setting."""
     global _timeout, _thread
-    from .backend import collectives as _collectives
-
     if seconds is not None:
         seconds = float(seconds)
         if not seconds > 0:
             raise ValueError(f"fastreduce: timeout {seconds}: give seconds > 0, or None")
     _timeout = seconds
-    _collectives._set_recording(seconds is not None)
+    if seconds is None:
+        collectives.set_flight_hooks(None, None, None)
+    else:
+        collectives.set_flight_hooks(begin, recorded, waiting)
     with _lock:
         if seconds is not None and _thread is None:
             _thread = threading.Thread(target=_watch, name="fastreduce-watchdog", daemon=True)
@@ -169,16 +172,9 @@ def _watch() -> None:
 
 def _from_environment() -> None:
     global _record
-    size = os.environ.get("FASTREDUCE_FLIGHT_RECORD", "").strip()
-    if size:
-        if not size.isdigit() or int(size) < 1:
-            raise ValueError(f"FASTREDUCE_FLIGHT_RECORD={size!r}: give a positive number")
-        _record = collections.deque(maxlen=int(size))
-    text = os.environ.get("FASTREDUCE_TIMEOUT", "").strip()
-    if text and text != "0":
-        try:
-            seconds = float(text)
-        except ValueError:
-            raise ValueError(f"FASTREDUCE_TIMEOUT={text!r}: give seconds, or 0 for none") \
-                from None
+    size = settings.value("FASTREDUCE_FLIGHT_RECORD")
+    if size is not None:
+        _record = collections.deque(maxlen=size)
+    seconds = settings.value("FASTREDUCE_TIMEOUT")  # None: unset, blank or 0
+    if seconds is not None:
         set_timeout(seconds)

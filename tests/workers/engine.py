@@ -32,7 +32,8 @@ from common import WORLD, Failures  # noqa: E402
 from fakecuda import FakeCudaArray, Stream  # noqa: E402
 
 import fastreduce  # noqa: E402
-from fastreduce.backend import cudart as _cuda, engine as _engine  # noqa: E402
+from fastreduce.backend import cudart as _cuda  # noqa: E402
+from fastreduce.backend import engine as _engine  # noqa: E402
 
 fails = Failures()
 check = fails.check

@@ -32,8 +32,9 @@ from fake_dlpack import FakeTensor  # noqa: E402
 from fakecuda import FakeCudaArray, FakeCudaTensor, Stream  # noqa: E402
 
 import fastreduce  # noqa: E402
+from fastreduce import calibration as calib  # noqa: E402
+from fastreduce import gpupath, runtime  # noqa: E402
 from fastreduce.backend import cudart as _cuda  # noqa: E402
-from fastreduce import gpupath, runtime
 
 fails = Failures()
 check, expect = fails.check, fails.expect
@@ -96,7 +97,7 @@ def use_family(name: str | None) -> None:
 
 
 real_library_version = gpupath._library_version
-REAL_MEASURE = gpupath._measure
+REAL_MEASURE = calib._measure
 for variable in ("FASTREDUCE_GPU_PATH", "FASTREDUCE_GPU_THRESHOLDS",
                  "FASTREDUCE_GPU_THRESHOLDS_FILE", "FASTREDUCE_DEVICE_POINTERS"):
     os.environ.pop(variable, None)
@@ -175,7 +176,7 @@ for spec, source in (("0:direct,4KiB:staged,1MiB:direct", "set"),
                      ("# measured on our cluster\n0:direct,4KiB:staged,1MiB:direct\n",
                       "FASTREDUCE_GPU_THRESHOLDS_FILE")):
     measured = []
-    gpupath._measure = lambda *args, measured=measured: measured.append(args)
+    calib._measure = lambda *args, measured=measured: measured.append(args)
     if source == "set":
         runtime.set_gpu_thresholds(spec)
     elif source == "FASTREDUCE_GPU_THRESHOLDS":
@@ -225,7 +226,7 @@ def faked(comm, ptr, nbytes, path, reps):
 def expected_table(ranks: range) -> list[tuple[int, str]]:
     """The table the fake timings call for, worked out here: per size the path whose slowest
     rank is faster; a switch half-way (geometrically) between two sizes."""
-    sizes = gpupath.CALIBRATION_SIZES
+    sizes = calib.CALIBRATION_SIZES
     chosen = []
     for n in sizes:
         d = max(fake_seconds(n, "direct", r) for r in ranks)
@@ -238,14 +239,14 @@ def expected_table(ranks: range) -> list[tuple[int, str]]:
     return steps
 
 
-gpupath._measure = faked
+calib._measure = faked
 want = expected_table(range(size))
 check(len(want) == 2 and want[0] == (0, "direct"), f"the fake timings give a switch: {want}")
 switch = want[1][0]
 small = FakeCudaArray.from_numpy(values_of(switch // 4 - 1, rank, np.float32))
 big = FakeCudaArray.from_numpy(values_of(switch // 4 + 1, rank, np.float32))
 fastreduce.allreduce_(small)  # calibrates (collective)
-check(len(calls) == 2 * len(gpupath.CALIBRATION_SIZES), f"one calibration: {len(calls)} timings")
+check(len(calls) == 2 * len(calib.CALIBRATION_SIZES), f"one calibration: {len(calls)} timings")
 _, log, paths = logged(lambda: fastreduce.allreduce_(small))
 check(log["allreduce"]["device"] == 1 and paths["direct_calls"] == 1,
       f"below the switch ({switch} bytes): direct, got {log} {paths}")
@@ -265,7 +266,7 @@ if size > 1:
     half = WORLD.Split(rank % 2, rank)
     fastreduce.allreduce_(small, comm=half)
     fastreduce.allreduce_(big, comm=half)
-    check(len(calls) == 2 * len(gpupath.CALIBRATION_SIZES)
+    check(len(calls) == 2 * len(calib.CALIBRATION_SIZES)
           and all(c[0] == half.Get_size() for c in calls),
           f"a new group: one calibration on its {half.Get_size()} ranks, got {len(calls)}")
     got = gpupath._calibrated[-1][1]  # fake_seconds slows the direct calls of half's rank 1
@@ -274,9 +275,9 @@ if size > 1:
 dup.Free()
 
 # calibrate() and fastreduce-info's settings describe it
-calibration = gpupath.calibrate(details=True)
+calibration = calib.calibrate(details=True)
 check(list(calibration.table.steps) == want and len(calibration.direct) == len(
-    gpupath.CALIBRATION_SIZES), f"calibrate(details=True): {calibration}")
+    calib.CALIBRATION_SIZES), f"calibrate(details=True): {calibration}")
 check("calibrated" in gpupath.gpu_path_settings()["size table"],
       f"settings: {gpupath.gpu_path_settings()}")
 
@@ -298,12 +299,12 @@ for where, at, done, segment in (("direct", 4096, 0, None), ("staged", 1 << 20, 
     old_segment = fastreduce.runtime.set_segment_bytes(
         segment if segment else fastreduce.runtime.segment_bytes())
     if where == "staged":
-        check(gpupath._call_counts(at, "staged") == [at // 8] * 2,
-              f"1 MiB staged is 2 MPI calls: {gpupath._call_counts(at, 'staged')}")
+        check(calib._call_counts(at, "staged") == [at // 8] * 2,
+              f"1 MiB staged is 2 MPI calls: {calib._call_counts(at, 'staged')}")
     if segment:
-        check(gpupath._call_counts(at, where) == [segment // 4] * 16,
-              f"1 MiB in 64 KiB segments: {gpupath._call_counts(at, where)}")
-    gpupath._measure = failing(where, at, done)
+        check(calib._call_counts(at, where) == [segment // 4] * 16,
+              f"1 MiB in 64 KiB segments: {calib._call_counts(at, where)}")
+    calib._measure = failing(where, at, done)
     fresh = fastreduce.default_comm().Create_group(fastreduce.default_comm().Get_group().Incl(
         list(range(size))[::-1]))  # same members, another order: counts as calibrated
     gpupath._calibrated.clear()
@@ -331,9 +332,9 @@ if rank == 0:
     def no_memory(nbytes):
         raise RuntimeError("fastreduce: CUDA cudaMalloc failed: out of memory (error 2)")
     _cuda.device_alloc = no_memory
-gpupath._measure = faked
+calib._measure = faked
 try:
-    gpupath.calibrate()
+    calib.calibrate()
     outcome = "no error"
 except fastreduce.CalibrationError as exc:
     outcome = str(exc)
@@ -343,7 +344,7 @@ check(all(o == outcomes[0] and "rank 0" in o and "cudaMalloc" in o for o in outc
       f"allocation failure on rank 0: {outcomes}")
 
 # bad settings: the variable and the fix are named, nothing runs
-gpupath._measure = faked
+calib._measure = faked
 runtime.set_device_pointer_calls(None)
 for variable, value, words in (
         ("FASTREDUCE_GPU_PATH", "fast", ["FASTREDUCE_GPU_PATH='fast'", "auto, direct, staged"]),

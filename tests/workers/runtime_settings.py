@@ -5,8 +5,8 @@ import os
 from common import Failures
 
 import fastreduce
+from fastreduce import gpupath
 from fastreduce.backend import mpierrors as _errors
-from fastreduce import runtime
 
 fails = Failures()
 os.environ.pop("FASTREDUCE_CUDA_AWARE", None)
@@ -26,14 +26,14 @@ fails.expect(ValueError, ["FASTREDUCE_CUDA_AWARE='yes'", "0 or 1"], fastreduce.c
 del os.environ["FASTREDUCE_CUDA_AWARE"]
 
 # with no vendor query, the MPI 4.1 memory-kinds info decides; with neither, no
-real_query, real_kinds = _errors.mpi_cuda_query, runtime._memory_alloc_kinds
+real_query, real_kinds = _errors.mpi_cuda_query, gpupath._memory_alloc_kinds
 _errors.mpi_cuda_query = lambda: None
 for kinds, want in [("system,mpi,cuda:device", True), ("system,cuda", True),
                     ("system,mpi", False), (None, False)]:
-    runtime._memory_alloc_kinds = lambda kinds=kinds: kinds
+    gpupath._memory_alloc_kinds = lambda kinds=kinds: kinds
     got, how = fastreduce.cuda_aware()
     fails.check(got is want, f"kinds {kinds!r}: {got} ({how})")
 _errors.mpi_cuda_query = lambda: (True, "MPIX_Query_cuda_support()")
 fails.check(fastreduce.cuda_aware() == (True, "MPIX_Query_cuda_support()"), "vendor query")
-_errors.mpi_cuda_query, runtime._memory_alloc_kinds = real_query, real_kinds
+_errors.mpi_cuda_query, gpupath._memory_alloc_kinds = real_query, real_kinds
 fails.finish()

@@ -2,6 +2,8 @@
 
 import sys
 
+from .reductions import KIND_NAMES as _KIND_NAMES
+
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.weakref cimport PyWeakref_NewRef
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
@@ -561,8 +563,7 @@ cdef int check_same_layout(BufferView* x, BufferView* out) except -1:
 
 
 cdef str _view_dtype(BufferView* v):
-    from .reductions import KIND_NAMES
-    return KIND_NAMES[v.kind]
+    return _KIND_NAMES[v.kind]
 
 
 def check_readable(x, role="x") -> None:
@@ -581,17 +582,3 @@ def result_cache_info() -> dict:
     """The out-of-place result cache: limit, bytes cached now, hits and misses."""
     return {"limit": fr_pool_limit, "cached": fr_pool_cached, "hits": fr_pool_hits,
             "misses": fr_pool_misses, "min_result_bytes": FR_POOL_MIN_BYTES}
-
-
-def _init_cache_limit():
-    import os
-    setting = os.environ.get("FASTREDUCE_RESULT_CACHE_MB")
-    if setting is not None:
-        try:
-            megabytes = float(setting)
-        except ValueError:
-            raise ValueError(f"FASTREDUCE_RESULT_CACHE_MB={setting!r}: give a number of MiB")
-        fr_pool_set_limit(<size_t>(megabytes * (1 << 20)))
-
-
-_init_cache_limit()

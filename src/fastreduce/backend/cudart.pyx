@@ -59,7 +59,7 @@ cdef int (*_SetDevice)(int) noexcept nogil
 cdef void* _library = NULL
 cdef str _library_path = None
 cdef bint _skip_waits = False      # tests only: proves the ordering tests can fail
-cdef int64_t _fixed_chunk = 0      # FASTREDUCE_STAGING_CHUNK_KB, or tests
+cdef int64_t _fixed_chunk = 0      # FASTREDUCE_STAGING_CHUNK_KB (handed down), or tests
 cdef cudaStream_t _consumer_streams[MAX_DEVICES]
 cdef Staging* _free_contexts[MAX_DEVICES]
 
@@ -85,9 +85,19 @@ _SYMBOLS = (
 _SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
 
 
+_library_setting = None  # set-up's callable: the path FASTREDUCE_CUDART names, or None
+
+
+def set_library_source(source) -> None:
+    """Ask `source()` for the CUDA runtime to load (FASTREDUCE_CUDART; None: search) each
+    time it is looked for; None: always search."""
+    global _library_setting
+    _library_setting = source
+
+
 def _candidates():
     """(path, only if already loaded) in search order; FASTREDUCE_CUDART overrides all."""
-    explicit = os.environ.get("FASTREDUCE_CUDART")
+    explicit = None if _library_setting is None else _library_setting()
     if explicit:
         return [(explicit, False)]
     found = [(name, True) for name in _SONAMES]     # torch's or cupy's, already in process
@@ -476,17 +486,3 @@ def _set_skip_waits(bint skip) -> None:
     """Tests only: skip every host wait, to show that the ordering tests then fail."""
     global _skip_waits
     _skip_waits = skip
-
-
-def _init_chunk_setting():
-    setting = os.environ.get("FASTREDUCE_STAGING_CHUNK_KB")
-    if setting:
-        try:
-            kib = int(setting)
-        except ValueError:
-            raise ValueError(f"FASTREDUCE_STAGING_CHUNK_KB={setting!r}: give a whole number "
-                             f"of KiB (0: automatic)") from None
-        set_staging_chunk(kib * 1024)
-
-
-_init_chunk_setting()

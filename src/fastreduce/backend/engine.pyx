@@ -21,8 +21,9 @@ from libc.stdint cimport int64_t
 
 import atexit
 import collections
-import os
 import threading
+
+from mpi4py import MPI
 
 
 cdef class Job:
@@ -88,18 +89,25 @@ _thread = None
 _unfinished = 0  # jobs submitted and not done
 _stopped = False  # stop() ran: no new thread
 _state = None  # (enabled, why), decided once
+_setting = None  # set-up's callable: a setting's name -> its parsed value (None: unset)
+
+
+def set_setting_source(source) -> None:
+    """Read FASTREDUCE_ENGINE and FASTREDUCE_ENGINE_HOST_BYTES through `source(name)` (the
+    parsed value, None when unset) when first needed; None: take both as unset."""
+    global _setting
+    _setting = source
+
+
+def _setting_value(str name):
+    return None if _setting is None else _setting(name)
 
 
 def state() -> tuple:
     """(whether the engine runs non-blocking calls here, why)."""
     global _state
     if _state is None:
-        from mpi4py import MPI
-
-        setting = os.environ.get("FASTREDUCE_ENGINE", "").strip()
-        if setting not in ("", "0", "1"):
-            raise ValueError(f"FASTREDUCE_ENGINE={setting!r}: use 0 or 1")
-        if setting == "0":
+        if _setting_value("FASTREDUCE_ENGINE") is False:
             _state = (False, "off (FASTREDUCE_ENGINE=0)")
         elif MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             _state = (False, "off: the MPI gives less than MPI_THREAD_MULTIPLE; non-blocking "
@@ -148,18 +156,8 @@ def host_bytes() -> int:
     """The smallest non-blocking host request the engine runs, in bytes; -1: none."""
     global _host_bytes
     if _host_bytes is None:
-        text = os.environ.get("FASTREDUCE_ENGINE_HOST_BYTES", "").strip().lower()
-        if not text:
-            _host_bytes = DEFAULT_HOST_BYTES
-        elif text == "off":
-            _host_bytes = -1
-        else:
-            from ..gpupath import parse_size
-            try:
-                _host_bytes = parse_size(text)
-            except ValueError:
-                raise ValueError(f"FASTREDUCE_ENGINE_HOST_BYTES={text!r}: give bytes (with K, "
-                                 f"M or G), 0 for every host request, or off") from None
+        setting = _setting_value("FASTREDUCE_ENGINE_HOST_BYTES")  # -1: off
+        _host_bytes = DEFAULT_HOST_BYTES if setting is None else setting
     return _host_bytes
 
 

@@ -71,6 +71,18 @@ cdef Agreed* _new_agreed(mode, support, steps) except NULL:
     return agreed
 
 
+_agreement = None  # set-up's callable: comm -> (mode, support, steps) every rank agrees on
+
+
+def set_agreement(agreement) -> None:
+    """Install `agreement(comm)`, the collective that gives (mode, device pointer support,
+    auto mode's size table) agreed by every rank of comm; asked at a communicator's first
+    GPU call and again after forget()."""
+    global _agreement
+    _agreement = agreement
+    forget()
+
+
 def forget() -> None:
     """Settings changed: each communicator agrees on them again at its next GPU call."""
     global _generation
@@ -87,12 +99,10 @@ cdef const Agreed* _agreed(object comm, MPI_Comm handle) except NULL:
     CHKERR(MPI_Comm_get_attr(handle, _keyval, &value, &found))
     if found and (<Agreed*>value).generation == _generation:
         return <const Agreed*>value
-    from .. import gpupath
-
-    if comm is None:
-        from .collectives import default_comm
-        comm = default_comm()
-    mode, support, steps = gpupath._agree(comm)
+    if _agreement is None:
+        raise RuntimeError("fastreduce: no GPU path settings agreement installed "
+                           "(pathchoice.set_agreement)")
+    mode, support, steps = _agreement(comm)  # comm None: the default communicator
     cdef Agreed* agreed = _new_agreed(mode, support, steps)
     cdef int ierr = MPI_Comm_set_attr(handle, _keyval, agreed)  # frees an older record
     if ierr != MPI_SUCCESS:

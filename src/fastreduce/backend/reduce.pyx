@@ -16,7 +16,8 @@ cdef extern from "halfops.h" nogil:
     void fr_divide(void* data, int64_t count, int kind, int divisor)
 
 cdef int64_t _count_limit = INT_MAX
-cdef int64_t _segment_bytes = 0  # set from FASTREDUCE_SEGMENT_BYTES at import (0: one call)
+# DEFAULT_SEGMENT_BYTES until set-up hands down FASTREDUCE_SEGMENT_BYTES (0: one call)
+cdef int64_t _segment_bytes = 4 << 20
 
 
 cdef inline int64_t _step(int64_t count, int itemsize, int64_t segment_bytes) noexcept nogil:
@@ -107,24 +108,6 @@ def set_segment_bytes(int64_t nbytes) -> int:
                          f"all-reduce) or a positive number of bytes")
     old, _segment_bytes = _segment_bytes, nbytes
     return old
-
-
-def _init_segment_setting():
-    import os
-
-    text = os.environ.get("FASTREDUCE_SEGMENT_BYTES", "").strip()
-    if not text:
-        set_segment_bytes(DEFAULT_SEGMENT_BYTES)
-        return
-    from ..gpupath import parse_size
-    try:
-        set_segment_bytes(parse_size(text))
-    except ValueError:
-        raise ValueError(f"FASTREDUCE_SEGMENT_BYTES={text!r}: give bytes (with K, M or G), "
-                         f"or 0 for one MPI call per all-reduce") from None
-
-
-_init_segment_setting()
 
 
 def _mpi_call_count() -> int:

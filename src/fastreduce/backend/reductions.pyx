@@ -1,7 +1,5 @@
 """Reduction operations and the MPI datatypes that carry each element kind."""
 
-import os
-
 from mpi4py cimport MPI
 
 from .dtypes cimport (
@@ -191,7 +189,12 @@ cdef bint _mpi_reduces_half(MPI_Datatype datatype, MPI_Op op, bint is_bf16) noex
     return True
 
 
-def _may_probe_mpi_half_types() -> bool:
+# fastreduce's own ops for the 16-bit floats (sum, prod, min, max), created once
+cdef MPI_Op _own_ops[2][4]
+cdef bint _own_made[2][4]  # zero-initialised: none made yet
+
+
+cdef bint _may_probe_mpi_half_types(str setting) except -1:
     """Whether to ask the MPI if its own 16-bit float types reduce correctly.
 
     Open MPI answers an unsupported (type, op) with an error code; MPICH builds
@@ -199,9 +202,6 @@ def _may_probe_mpi_half_types() -> bool:
     on MPICH-family libraries fastreduce's own ops are used unless the user
     sets FASTREDUCE_HALF_OPS=mpi. FASTREDUCE_HALF_OPS=fastreduce never asks.
     """
-    setting = os.environ.get("FASTREDUCE_HALF_OPS", "auto").lower()
-    if setting not in ("auto", "mpi", "fastreduce"):
-        raise ValueError(f"FASTREDUCE_HALF_OPS={setting!r}: use auto, mpi or fastreduce")
     if setting == "auto":
         return FR_MPI_FAMILY.decode() == "Open MPI"
     return setting == "mpi"
@@ -209,14 +209,15 @@ def _may_probe_mpi_half_types() -> bool:
 
 cdef void _set_half_kind(int kind, MPI_Datatype mpix, str mpix_name, int divide_kind,
                          MPI_User_function* fsum, MPI_User_function* fprod,
-                         MPI_User_function* fmin, MPI_User_function* fmax) except *:
+                         MPI_User_function* fmin, MPI_User_function* fmax,
+                         str setting) except *:
     cdef bint is_bf16 = kind == KIND_BFLOAT16
-    cdef bint probe = mpix != MPI_DATATYPE_NULL and _may_probe_mpi_half_types()
+    cdef bint probe = mpix != MPI_DATATYPE_NULL and _may_probe_mpi_half_types(setting)
     cdef MPI_User_function* functions[4]
     functions[:] = [fsum, fprod, fmin, fmax]
     cdef int codes[4]
     codes[:] = [OP_SUM, OP_PROD, OP_MIN, OP_MAX]
-    cdef MPI_Op op = MPI_OP_NULL
+    cdef int half = 1 if is_bf16 else 0
     _set_kind(kind, MPI_UINT16_T, 2, divide_kind, ())
     paths = []
     for i in range(4):
@@ -226,8 +227,10 @@ cdef void _set_half_kind(int kind, MPI_Datatype mpix, str mpix_name, int divide_
         else:
             # a 2-byte integer type carries the bits; fastreduce's commutative
             # op combines them in float32 and rounds to nearest even
-            CHKERR(MPI_Op_create(functions[i], 1, &op))
-            _define(kind, codes[i], MPI_UINT16_T, op, 2, False)
+            if not _own_made[half][i]:
+                CHKERR(MPI_Op_create(functions[i], 1, &_own_ops[half][i]))
+                _own_made[half][i] = True
+            _define(kind, codes[i], MPI_UINT16_T, _own_ops[half][i], 2, False)
             paths.append(f"{OP_NAMES[codes[i]]}: fastreduce op")
     _table[kind][<int>OP_AVG] = _table[kind][<int>OP_SUM]
     _table[kind][<int>OP_AVG].divide_kind = divide_kind
@@ -260,10 +263,25 @@ cdef void _init_tables() except *:
     _define(KIND_BOOL, OP_BOR, MPI_C_BOOL, MPI_LOR, 1, True)
     _define(KIND_BOOL, OP_MAX, MPI_C_BOOL, MPI_LOR, 1, True)
     _define(KIND_BOOL, OP_BXOR, MPI_C_BOOL, MPI_LXOR, 1, True)
+    _init_half_kinds("fastreduce")
+
+
+cdef void _init_half_kinds(str setting) except *:
     _set_half_kind(KIND_FLOAT16, FR_MPIX_FLOAT16, "MPIX_C_FLOAT16", FR_SCALE_F16,
-                   fr_f16_sum, fr_f16_prod, fr_f16_min, fr_f16_max)
+                   fr_f16_sum, fr_f16_prod, fr_f16_min, fr_f16_max, setting)
     _set_half_kind(KIND_BFLOAT16, FR_MPIX_BFLOAT16, "MPIX_BFLOAT16", FR_SCALE_BF16,
-                   fr_bf16_sum, fr_bf16_prod, fr_bf16_min, fr_bf16_max)
+                   fr_bf16_sum, fr_bf16_prod, fr_bf16_min, fr_bf16_max, setting)
 
 
+def set_half_ops(str setting) -> None:
+    """Whose ops the 16-bit floats use: "mpi", "fastreduce", or "auto" (the MPI's where it
+    is Open MPI); the MPI's only where asking it shows they reduce correctly. Set once, at
+    set-up (FASTREDUCE_HALF_OPS), before any 16-bit all-reduce."""
+    if setting not in ("auto", "mpi", "fastreduce"):
+        raise ValueError(f"fastreduce: half ops {setting!r}: use auto, mpi or fastreduce")
+    _init_half_kinds(setting)
+
+
+# fastreduce's own 16-bit ops until set-up hands down FASTREDUCE_HALF_OPS: they are right
+# on every MPI, and asking an MPICH about its own types may abort the process
 _init_tables()

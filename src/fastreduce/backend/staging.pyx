@@ -24,6 +24,10 @@ from .libmpi cimport *
 from .reductions cimport OP_SUM, Reduction, get_reduction
 from .reduce cimport _run, _run_in, segment_bytes_now
 
+import time
+
+from .cudart import current_device
+
 # --- GPU memory ---------------------------------------------------------------------
 #
 # Three ways, chosen per call:
@@ -300,11 +304,8 @@ def _time_device_path(comm, size_t device_ptr, int64_t nbytes, str path, int rep
     at device_ptr over comm, all by one path ("direct" or "staged"), each finished on the
     host before the next; for the GPU path calibration. Nothing here checks the MPI's
     promises: the caller does."""
-    import time
-
     cdef MPI_Comm handle = <MPI_Comm>(<MPI.Comm>comm).ob_mpi
     cdef int device = 0
-    from .cudart import current_device
     device = current_device()
     require_device(kDLCUDA, device, "the calibration buffer")
     cdef BufferView view

@@ -9,41 +9,44 @@ from __future__ import annotations
 import platform
 import sys
 
+import mpi4py
+import numpy
+from mpi4py import MPI
+
+from .. import calibration, gpupath, runtime, settings
 from .._abi import first_line
+from .._version import __version__
+from ..backend import buffer, collectives, cudart, engine, mpierrors, reductions
+from ..errors import CalibrationError
+from ..sizes import format_size
 
 __all__ = ["collect", "main"]
 
 
 def collect() -> dict:
     """Every field fastreduce-info prints, for this rank."""
-    from mpi4py import MPI
-
-    import fastreduce
-    from fastreduce.backend import buffer as _buffer, cudart as _cuda, mpierrors as _errors
-    from fastreduce import gpupath, runtime
-
-    family, version = _errors.build_mpi()
+    family, version = mpierrors.build_mpi()
     thread_names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                     MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
     aware, how = runtime.cuda_aware()
     try:
-        import torch
+        import torch  # optional: fastreduce works without it
 
         torch_version = torch.__version__
-        exchange = _buffer._uses_exchange_api(torch.empty(0))
+        exchange = buffer._uses_exchange_api(torch.empty(0))
         exchange_text = "yes (DLPack C exchange API)" if exchange else "no (__dlpack__ fallback)"
         try:
             from ..torch.distributed import BACKEND
         except ImportError as exc:  # torch older than the backend needs
             backend = f"n/a ({exc})"
         else:
-            backend = (f"{BACKEND!r} for cpu and cuda (fastreduce {fastreduce.__version__}): "
+            backend = (f"{BACKEND!r} for cpu and cuda (fastreduce {__version__}): "
                        f"import fastreduce.distributed; dist.init_process_group({BACKEND!r})")
     except ImportError:
         torch_version, exchange_text = "not installed", "n/a (torch not installed)"
         backend = "n/a (torch not installed)"
     try:
-        cuda_runtime = _cuda.find_runtime()
+        cuda_runtime = cudart.find_runtime()
     except RuntimeError:
         cuda_runtime = "none found (GPU tensors unavailable; set FASTREDUCE_CUDART)"
     world = MPI.COMM_WORLD
@@ -52,20 +55,20 @@ def collect() -> dict:
     except ValueError as exc:  # a bad setting: say which
         paths = dict.fromkeys(("mode", "device pointers", "size table"), str(exc))
     return {
-        "fastreduce": fastreduce.__version__,
+        "fastreduce": __version__,
         "python": platform.python_version(),
-        "mpi4py": __import__("mpi4py").__version__,
-        "numpy": __import__("numpy").__version__,
+        "mpi4py": mpi4py.__version__,
+        "numpy": numpy.__version__,
         "torch": torch_version,
         "built against": f"{version} ({family} ABI)",
         "running on": first_line(MPI.Get_library_version()),
-        "linked libmpi": first_line(_errors.linked_library_version()),
+        "linked libmpi": first_line(mpierrors.linked_library_version()),
         "MPI standard": "{}.{}".format(*MPI.Get_version()),
         "thread level": thread_names.get(MPI.Query_thread(), str(MPI.Query_thread())),
-        "large counts": "MPI_Allreduce_c" if fastreduce.HAVE_LARGE_COUNT else "chunked",
+        "large counts": "MPI_Allreduce_c" if collectives.HAVE_LARGE_COUNT else "chunked",
         "segments": _segments(runtime.segment_bytes()),
         "16-bit floats": "; ".join(f"{k}: {v}"
-                                   for k, v in fastreduce.half_precision_paths().items()),
+                                   for k, v in reductions.half_precision_paths().items()),
         "CUDA-aware": f"{'yes' if aware else 'no'} ({how})",
         "CUDA runtime": cuda_runtime,
         "GPU path": paths["mode"],
@@ -83,14 +86,11 @@ def collect() -> dict:
 
 
 def _engine_state() -> str:
-    from fastreduce.backend import engine as _engine
-    from fastreduce.gpupath import format_size
-
     try:
-        on, why = _engine.state()
+        on, why = engine.state()
         if not on:
             return why
-        host = _engine.host_bytes()
+        host = engine.host_bytes()
         hosts = ("no host requests" if host < 0 else "every host request" if host == 0
                  else f"host requests of {format_size(host)} and more")
         return f"{why}: non-blocking staged GPU requests, {hosts} (FASTREDUCE_ENGINE_HOST_BYTES)"
@@ -99,8 +99,6 @@ def _engine_state() -> str:
 
 
 def _segments(nbytes: int) -> str:
-    from fastreduce.gpupath import format_size
-
     if nbytes == 0:
         return "off: one MPI call per blocking all-reduce (FASTREDUCE_SEGMENT_BYTES=0)"
     return (f"blocking all-reduces above {format_size(nbytes)} go one {format_size(nbytes)} "
@@ -116,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: fastreduce-info [--calibrate]   (run it under mpiexec or srun)",
               file=sys.stderr)
         return 2
-    from mpi4py import MPI
-
     fields = collect()
     ranks = MPI.COMM_WORLD.gather({k: fields[k] for k in PER_RANK})
     if fields["rank"] == 0:
@@ -128,25 +124,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'ranks':>{width}} : " + ", ".join(
             f"{r['rank']}@{r['host']} (local {r['local rank']}/{r['local size']})"
             for r in ranks))
+        _print_settings()
         sys.stdout.flush()
     if argv == ["--calibrate"]:
         return calibrate_and_print()
     return 0
 
 
+def _print_settings() -> None:
+    """Every FASTREDUCE_* setting: its text in the environment, or its default."""
+    rows = settings.describe()
+    width = max(len(name) for name, _, _ in rows)
+    print("settings:")
+    for name, shown, _ in rows:
+        print(f"  {name:<{width}} : {shown}")
+
+
 def calibrate_and_print() -> int:
     """Time both GPU paths on every rank's GPU (local rank % devices); rank 0 prints the
     timings and the size table. Collective; exit status 1 on every rank if it fails."""
-    from mpi4py import MPI
-
-    from fastreduce.backend import collectives as _collectives, cudart as _cuda
-
-    from fastreduce import gpupath, runtime
-
     world = MPI.COMM_WORLD
     problem = None
     try:
-        _cuda.set_device(runtime.local_rank() % _cuda.device_count())
+        cudart.set_device(runtime.local_rank() % cudart.device_count())
     except (RuntimeError, ValueError) as exc:
         problem = str(exc)
     problems = [p for p in world.allgather(problem) if p]
@@ -155,8 +155,8 @@ def calibrate_and_print() -> int:
             print(f"fastreduce-info: cannot calibrate: {problems[0]}", file=sys.stderr)
         return 1
     try:
-        result = gpupath.calibrate(_collectives.default_comm(), details=True)
-    except (gpupath.CalibrationError, ValueError) as exc:
+        result = calibration.calibrate(collectives.default_comm(), details=True)
+    except (CalibrationError, ValueError) as exc:
         if world.Get_rank() == 0:
             print(f"fastreduce-info: {exc}", file=sys.stderr)
         return 1

@@ -9,21 +9,19 @@ identity, or the same all-reduce of the gradient.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from mpi4py import MPI
 
-from .. import watchdog
+from .. import settings, watchdog
 from ..backend.collectives import allreduce, default_comm
-from .custom_ops import _DETACH, TRACEABLE, comm_constant, comm_id  # registers the custom ops
 from ..partition import CartesianPartition, Partition
+from .custom_ops import _DETACH, TRACEABLE, comm_constant, comm_id  # registers the custom ops
 
 __all__ = ["all_reduce", "all_sum_reduce", "set_consistency_checks", "zero_volume_tensor"]
 
 # Set by FASTREDUCE_CHECK_CONSISTENCY=1 or set_consistency_checks(True): before each
 # reduction the layers compare dtype and shape across the communicator.
-_check_consistency = os.environ.get("FASTREDUCE_CHECK_CONSISTENCY", "0") not in ("", "0")
+_check_consistency = settings.value("FASTREDUCE_CHECK_CONSISTENCY")
 
 
 def set_consistency_checks(enabled: bool) -> bool:

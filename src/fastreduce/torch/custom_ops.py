@@ -24,7 +24,8 @@ import weakref
 import torch
 from mpi4py import MPI
 
-from ..backend import buffer as _buffer, collectives as _collectives
+from ..backend import buffer as _buffer
+from ..backend import collectives as _collectives
 from ..backend.collectives import default_comm
 
 __all__ = ["allreduce", "allreduce_", "comm_id", "communicator"]

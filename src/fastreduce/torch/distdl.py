@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..partition import CartesianPartition, Partition
 from . import nn as _nn
 from .autograd import zero_volume_tensor as _zero_volume_tensor
-from ..partition import CartesianPartition, Partition
 
 __all__ = ["AllSumReduce", "MPICartesianPartition", "MPIPartition", "zero_volume_tensor"]
 

@@ -6,9 +6,9 @@ import torch
 from mpi4py import MPI
 
 from ..backend.collectives import default_comm
+from ..partition import CartesianPartition
 from .autograd import check_all_reduce_args, reduce_tensor_parallel, sum_over
 from .custom_ops import comm_id
-from ..partition import CartesianPartition
 
 __all__ = ["AllReduce", "AllSumReduce"]
 

@@ -1,0 +1,33 @@
+"""Hands the settings down to the compiled core, once, when fastreduce is imported.
+
+The compiled modules never read the environment or import the Python core: the values read
+at import are parsed here (an invalid one raises now, as it always has), and the ones read
+at first use get a callable that reads them then (so their errors keep that timing).
+"""
+
+from __future__ import annotations
+
+from . import calibration, settings
+from .backend import buffer, cudart, engine, pathchoice, reduce, reductions
+
+
+def hand_down_settings() -> None:
+    """Give the compiled core the FASTREDUCE_* settings and the GPU path agreement."""
+    # read at import
+    reduce.set_segment_bytes(_or(settings.value("FASTREDUCE_SEGMENT_BYTES"),
+                                 reduce.DEFAULT_SEGMENT_BYTES))
+    megabytes = settings.value("FASTREDUCE_RESULT_CACHE_MB")
+    if megabytes is not None:
+        buffer.set_result_cache_limit(int(megabytes * (1 << 20)))
+    kib = settings.value("FASTREDUCE_STAGING_CHUNK_KB")
+    if kib is not None:
+        cudart.set_staging_chunk(kib * 1024)
+    reductions.set_half_ops(settings.value("FASTREDUCE_HALF_OPS"))
+    # read at first use
+    engine.set_setting_source(settings.value)  # FASTREDUCE_ENGINE(_HOST_BYTES)
+    cudart.set_library_source(lambda: settings.value("FASTREDUCE_CUDART"))
+    pathchoice.set_agreement(calibration.agree)  # rank agreement on the GPU path settings
+
+
+def _or(value, default):
+    return default if value is None else value

@@ -1,0 +1,62 @@
+"""torch.distributed on MPI: a process-group backend named "fastreduce".
+
+    import fastreduce.distributed              # registers the backend
+    dist.init_process_group("fastreduce")      # under mpiexec or srun: nothing else to set
+
+Rank and world size come from MPI (fastreduce.default_comm()), and so does the rendezvous:
+rank 0's address for torch's key-value store travels by MPI_Bcast, so no MASTER_ADDR or
+MASTER_PORT is needed (when they are set, torch's own env:// rendezvous runs as usual, and
+rank/world_size given to init_process_group must equal MPI's).
+
+Every operation is one MPI call on the group's communicator with the tensors' own memory:
+all-reduce through fastreduce's core (zero-copy DLPack, GPU paths as for allreduce, the
+progress engine for non-blocking requests), the other collectives and point-to-point
+through mpi4py on the tensors' addresses. CUDA tensors go to MPI directly where the MPI
+promises blocking calls on device memory (fastreduce.gpupath), else through host copies.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ... import partition
+from ..._version import __version__
+from ...errors import BackendError
+from ..custom_ops import _release
+
+# Older torch.distributed differs in what a Python process group must provide (sub-groups
+# hang on 2.4-2.6, PREMUL_SUM has no factor on 2.12): the backend is tested on 2.13.
+# Checked before the submodules load, so older torch fails here, by name.
+if _release(torch.__version__) < (2, 13):
+    raise ImportError(f"fastreduce.distributed needs torch 2.13 or newer (this is torch "
+                      f"{torch.__version__}): pip install 'torch>=2.13'; the rest of fastreduce "
+                      f"works with torch 2.4 and newer")
+
+from .groups import _create, process_group  # noqa: E402
+from .processgroup import BACKEND, ProcessGroupFastreduce  # noqa: E402
+from .rendezvous import (  # noqa: E402
+    _env_or_mpi,
+    _mpi_rendezvous,
+    _rendezvous_module,
+    _torch_env_handler,
+)
+from .work import Work  # noqa: E402
+
+
+def _register() -> None:
+    partition.set_process_group_factory(process_group)  # Partition.process_group()'s maker
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+    handlers = _rendezvous_module._rendezvous_handlers
+    if "mpi" not in handlers:
+        dist.register_rendezvous_handler("mpi", _mpi_rendezvous)
+    if _torch_env_handler is not None and handlers.get("env") is _torch_env_handler:
+        handlers["env"] = _env_or_mpi  # only changes what would have failed: no MASTER_ADDR
+
+
+_register()
+
+__all__ = ["BACKEND", "BackendError", "ProcessGroupFastreduce", "Work", "process_group",
+           "__version__"]

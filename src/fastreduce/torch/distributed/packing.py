@@ -1,0 +1,158 @@
+"""Tensor checks, host-side copies, packing and unpacking, and reduce-op translation for the
+torch.distributed backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from ... import gpupath
+from ...backend import collectives as _collectives
+from ...errors import BackendError
+
+_RedOpType = dist.ReduceOp.RedOpType
+_OP_NAMES = {
+    _RedOpType.SUM: "sum",
+    _RedOpType.AVG: "avg",
+    _RedOpType.PRODUCT: "prod",
+    _RedOpType.MIN: "min",
+    _RedOpType.MAX: "max",
+    _RedOpType.BAND: "band",
+    _RedOpType.BOR: "bor",
+    _RedOpType.BXOR: "bxor",
+    _RedOpType.PREMUL_SUM: "sum",  # after multiplying by the op's factor
+}
+
+
+def _op_of(reduce_op) -> tuple[str, object]:
+    """(fastreduce op name, PREMUL_SUM factor or None) for a torch ReduceOp."""
+    kind = reduce_op.op if isinstance(reduce_op, dist.ReduceOp) else reduce_op
+    name = _OP_NAMES.get(kind)
+    if name is None:
+        raise BackendError(f"fastreduce backend: reduce op {kind} is not supported; use one of "
+                           f"SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM")
+    factor = reduce_op.factor if kind == _RedOpType.PREMUL_SUM else None
+    return name, factor
+
+
+def _premultiply(tensors: Sequence, factor) -> None:
+    """PREMUL_SUM's first half: every tensor times factor, once all are known to be valid."""
+    for i, t in enumerate(tensors):
+        _check_tensor(t, f"tensors[{i}]")
+        _collectives.mpi_reduction(t, "sum")  # a dtype SUM refuses is refused before any change
+    for t in tensors:
+        t.mul_(factor)
+
+
+def _check_tensor(t, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"fastreduce backend: {what} must be a torch.Tensor, not "
+                        f"{type(t).__qualname__}")
+    if t.layout != torch.strided or t.is_quantized:
+        raise BackendError(f"fastreduce backend: {what} has layout {t.layout}"
+                           f"{' (quantized)' if t.is_quantized else ''}; give a dense tensor")
+    if t.device.type not in ("cpu", "cuda"):
+        raise BackendError(f"fastreduce backend: {what} is on {t.device}; the backend takes "
+                           f"cpu and cuda tensors")
+    if not t.is_contiguous():
+        raise BufferError(f"fastreduce backend: {what} (shape {tuple(t.shape)}) is not "
+                          f"contiguous; call .contiguous() first (and copy the result back)")
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _memory(t):
+    """t's memory as an mpi4py buffer (no copy)."""
+    return MPI.buffer.fromaddress(t.data_ptr(), _nbytes(t))
+
+
+def _device_direct() -> bool:
+    """Whether blocking MPI calls here may take CUDA device pointers."""
+    return gpupath.device_pointer_support().blocking
+
+
+class _HostSide:
+    """The memory MPI reads and writes for some tensors: their own on the CPU, and on the
+    GPU where the MPI takes device pointers; else pinned host copies, filled from the
+    tensors MPI reads and copied back by write_back() into the tensors MPI writes."""
+
+    def __init__(self, reads: Sequence = (), writes: Sequence = ()):
+        tensors = list(reads) + list(writes)
+        cuda = any(t.is_cuda for t in tensors)
+        self.staged = cuda and not _device_direct()
+        self._writes = list(writes)
+        self._host: dict[int, torch.Tensor] = {}
+        if cuda:
+            torch.cuda.current_stream().synchronize()  # MPI reads what the stream produced
+        if self.staged:
+            for t in tensors:
+                if t.is_cuda and id(t) not in self._host:
+                    self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            for t in reads:
+                if t.is_cuda:
+                    self._host[id(t)].copy_(t)
+
+    def __call__(self, t):
+        """The memory MPI works on for t: an mpi4py buffer."""
+        return _memory(self._host.get(id(t), t))
+
+    def tensor(self, t):
+        return self._host.get(id(t), t)
+
+    def write_back(self) -> None:
+        for t in self._writes:
+            if id(t) in self._host:
+                t.copy_(self._host[id(t)])
+
+
+def _joined(tensors: Sequence):
+    """A flat view of the tensors when they lie back to back in one storage, in order (as
+    list(flat.chunk(n)) makes them); else None."""
+    if not tensors:
+        return None
+    first = tensors[0]
+    step = _nbytes(first)
+    storage = first.untyped_storage().data_ptr()
+    if not all(t.dtype == first.dtype and t.device == first.device and _nbytes(t) == step
+               and t.untyped_storage().data_ptr() == storage
+               and t.data_ptr() == first.data_ptr() + i * step for i, t in enumerate(tensors)):
+        return None
+    return first.as_strided((first.numel() * len(tensors),), (1,))
+
+
+def _packed(tensors: Sequence):
+    """The tensors back to back in one flat tensor: a view when they already are, else a
+    copy."""
+    joined = _joined(tensors)
+    return joined if joined is not None else torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _flat_like(tensors: Sequence):
+    """One contiguous tensor holding the tensors' elements back to back (new memory)."""
+    first = tensors[0]
+    return torch.empty(sum(t.numel() for t in tensors), dtype=first.dtype, device=first.device)
+
+
+def _unpack(flat, tensors: Sequence) -> None:
+    """Copy flat's elements into the tensors, in order (nothing when flat is tensors[0]'s
+    memory already, as for consecutive tensors)."""
+    if _joined(tensors) is not None and flat.data_ptr() == tensors[0].data_ptr():
+        return
+    offset = 0
+    for t in tensors:
+        t.copy_(flat.reshape(-1)[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def _check_same(tensors: Sequence, like, what: str) -> None:
+    for i, t in enumerate(tensors):
+        _check_tensor(t, f"{what}[{i}]")
+        if t.dtype != like.dtype or t.numel() != like.numel():
+            raise ValueError(f"fastreduce backend: {what}[{i}] has {t.numel()} elements of "
+                             f"{t.dtype}, the input {like.numel()} of {like.dtype}; they must "
+                             f"match")

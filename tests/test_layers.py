@@ -1,0 +1,156 @@
+"""The package's layers, read from its imports: nothing imports a layer above its own, and
+no modules import each other in a cycle.
+
+    backend/ (compiled core)  <  the Python core  <  torch/  <  `fastreduce` and the public
+    names of the torch modules  <  tools/  <  the public names of the tools
+
+Read from the source tree (Python with ast, Cython with its import lines), every import
+counted, including those inside functions.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fastreduce"
+# `fastreduce`, and the modules keeping the public names fastreduce.nn etc. working
+PUBLIC = {"fastreduce", "fastreduce.nn", "fastreduce.distributed", "fastreduce.distdl",
+          "fastreduce.ops", "fastreduce.autograd", "fastreduce.gradsync"}
+TOOL_NAMES = {"fastreduce.bench", "fastreduce.info"}
+LAYERS = ("backend", "core", "torch", "public", "tools", "tool names")
+CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+(\.*[\w.]*)\s+c?import\s+([\w., ()*]+)|"
+                           r"c?import\s+([\w.]+))", re.M)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    if module in PUBLIC:
+        return "public"
+    if module in TOOL_NAMES:
+        return "tool names"
+    for sub in ("backend", "torch", "tools"):
+        if module.startswith(f"fastreduce.{sub}.") or module == f"fastreduce.{sub}":
+            return sub
+    return "core"
+
+
+def resolve(module: str, is_package: bool, level: int, name: str) -> str:
+    """The absolute name of `from <level dots><name> import ...` written in `module`."""
+    if level == 0:
+        return name
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def known(target: str, modules: set[str]) -> str | None:
+    """The fastreduce module an import refers to (a module, or the package of a name)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The fastreduce modules that the file at path imports."""
+    return imports_in(path.read_text(), path.suffix, module_name(path),
+                      path.stem == "__init__", modules)
+
+
+def imports_in(text: str, suffix: str, module: str, is_package: bool,
+               modules: set[str]) -> set[str]:
+    """The fastreduce modules that source text of `module` imports."""
+    found: set[str] = set()
+
+    def add(base: str, names: list[str]) -> None:
+        for name in names or [""]:
+            target = known(f"{base}.{name}" if name else base, modules)
+            if target and target != module:
+                found.add(target)
+
+    if suffix == ".py":
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    add(alias.name, [])
+            elif isinstance(node, ast.ImportFrom):
+                add(resolve(module, is_package, node.level, node.module or ""),
+                    [a.name for a in node.names])
+    else:
+        for frm, names, plain in CYTHON_IMPORT.findall(text):
+            if plain:
+                add(plain, [])
+                continue
+            level = len(frm) - len(frm.lstrip("."))
+            listed = [n.strip().split(" as ")[0] for n in names.strip("()").split(",")]
+            add(resolve(module, is_package, level, frm.lstrip(".")), listed)
+    return {m for m in found if m.startswith("fastreduce")}
+
+
+def graph() -> dict[str, set[str]]:
+    files = [p for p in PACKAGE.rglob("*") if p.suffix in (".py", ".pyx", ".pxd", ".pxi")]
+    modules = {module_name(p) for p in files}
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for path in files:
+        edges[module_name(path)] |= imports_of(path, modules)
+    return edges
+
+
+def test_the_layers_are_the_tree():
+    """Every module sits in one of the layers, and each layer has modules."""
+    seen = {layer(m) for m in graph()}
+    assert seen == set(LAYERS), seen
+
+
+def test_no_import_reaches_a_layer_above():
+    edges = graph()
+    upward = sorted(f"{m} ({layer(m)}) imports {t} ({layer(t)})"
+                    for m, targets in edges.items() for t in targets
+                    if LAYERS.index(layer(t)) > LAYERS.index(layer(m)))
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles():
+    edges = graph()
+    cycles, state, stack = [], {}, []
+
+    def visit(m: str) -> None:
+        state[m] = "open"
+        stack.append(m)
+        for t in sorted(edges[m]):
+            if state.get(t) == "open":
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    assert not cycles, "\n".join(cycles)
+
+
+MODULES = {"fastreduce", "fastreduce.checks", "fastreduce.gpupath", "fastreduce.backend",
+           "fastreduce.backend.buffer", "fastreduce.backend.collectives"}
+
+
+@pytest.mark.parametrize("suffix, source, expected", [
+    (".pyx", "from ..checks import fingerprint\n", {"fastreduce.checks"}),
+    (".pyx", "    from .. import gpupath\n", {"fastreduce.gpupath"}),
+    (".pyx", "from .buffer cimport BufferView\n", {"fastreduce.backend.buffer"}),
+    (".py", "def f():\n    import fastreduce.gpupath\n", {"fastreduce.gpupath"}),
+    (".py", "from .. import checks as c\n", {"fastreduce.checks"}),
+])
+def test_the_reader_sees_every_import(suffix, source, expected):
+    """The import reader finds imports in both languages, inside functions too (so the
+    checks above can fail)."""
+    found = imports_in(source, suffix, "fastreduce.backend.collectives", False, MODULES)
+    assert found == expected
