@@ -26,12 +26,13 @@ HERE = Path(__file__).resolve().parent
 COLUMNS = ("C floor", "fr_ torch", "fr torch")
 
 
-def one_job(build: str, ranks: int, size: str, iters: int, repeat: int) -> dict[str, float]:
+def one_job(build: str, ranks: int, size: str, iters: int, repeat: int,
+            script: str) -> dict[str, float]:
     """Median latency in us of each column for one size, in one MPI job of one build."""
     env = dict(os.environ)
     if build != "-":
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [build, env.get("PYTHONPATH")]))
-    cmd = ["mpiexec", "-n", str(ranks), sys.executable, str(HERE / "allreduce_bench.py"),
+    cmd = ["mpiexec", "-n", str(ranks), sys.executable, script,
            "-b", size, "-e", size, "--repeat", str(repeat), "--iters-small", str(iters),
            "--iters-large", str(max(iters // 20, 200)), "--only", ",".join(COLUMNS)]
     if "OMPI_ALLOW_RUN_AS_ROOT" in env:
@@ -56,6 +57,9 @@ def main() -> int:
     parser.add_argument("--sizes", default="4,1K,1M")
     parser.add_argument("--iters", type=int, default=20000, help="iterations per small-size run")
     parser.add_argument("--repeat", type=int, default=5, help="runs per job (median taken)")
+    parser.add_argument("--script", default=str(HERE / "allreduce_bench.py"),
+                        help="the benchmark both builds run (a copy that imports what an old "
+                             "build has, where this one needs newer names)")
     args = parser.parse_args()
     builds = {"old": args.old, "new": args.new}
     ratios = {(s, b, c): [] for s in args.sizes.split(",") for b in builds for c in COLUMNS[1:]}
@@ -64,7 +68,8 @@ def main() -> int:
         order = list(builds) if r % 2 == 0 else list(reversed(builds))
         for size in args.sizes.split(","):
             for label in order:
-                us = one_job(builds[label], args.ranks, size, args.iters, args.repeat)
+                us = one_job(builds[label], args.ranks, size, args.iters, args.repeat,
+                             args.script)
                 for col in COLUMNS[1:]:
                     ratios[size, label, col].append(us[col] / us["C floor"])
                     extra[size, label, col].append(us[col] - us["C floor"])

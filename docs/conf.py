@@ -31,21 +31,3 @@ html_title = "fastreduce"
 
 # The docstrings write `name` for code, as Markdown does.
 default_role = "literal"
-
-# Docstrings whose text is not valid reStructuredText (an indented example without "::",
-# a name ending in "_" read as a link). Shown as preformatted text until they are fixed
-# in src/; every other docstring is rendered normally.
-PREFORMATTED_DOCSTRINGS = {
-    "fastreduce.torch.gradsync",
-    "fastreduce.torch.custom_ops",
-    "fastreduce.torch.custom_ops.allreduce_",
-}
-
-
-def _preformat(app, what, name, obj, options, lines):
-    if name in PREFORMATTED_DOCSTRINGS and lines:
-        lines[:] = ["::", ""] + ["   " + line for line in lines] + [""]
-
-
-def setup(app):
-    app.connect("autodoc-process-docstring", _preformat)

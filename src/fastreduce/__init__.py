@@ -7,6 +7,8 @@
 Launch with `mpiexec -n N python train.py` or `srun -n N python train.py`.
 """
 
+import importlib
+
 from . import _abi
 
 _abi.check()  # before any MPI call through a possibly mismatched library

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from mpi4py import MPI
-
-from .backend import mpierrors
-
 _MPICH_FAMILY_MARKERS = ("MPICH", "Intel(R) MPI", "MVAPICH", "CRAY MPICH")
 
 
@@ -55,6 +51,12 @@ def mismatch(build: tuple[str, str], linked: str, loaded: str) -> str | None:
 
 def check() -> None:
     """Raise ImportError when fastreduce's MPI is not the one mpi4py has loaded."""
+    # Imported here, not at the top: the rest of this module is pure text handling, which
+    # tools and tests load without initialising MPI or loading the compiled core.
+    from mpi4py import MPI
+
+    from .backend import mpierrors
+
     problem = mismatch(
         mpierrors.build_mpi(), mpierrors.linked_library_version(), MPI.Get_library_version()
     )

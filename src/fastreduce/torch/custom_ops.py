@@ -4,7 +4,7 @@ Custom ops take tensors, numbers and strings, not communicators: a call names it
 communicator by a small integer from `comm_id(comm)` (a process-local registry that keeps
 the mpi4py object), the way torch's functional collectives name a process group by a
 registered string. The layers (fastreduce.nn, fastreduce.autograd) call these ops only
-while dynamo is tracing; eager calls keep their direct path into the core.
+while dynamo is tracing; eager calls keep their direct path into the core::
 
     torch.ops.fastreduce.allreduce(x, "sum", comm_id(comm))      # new tensor
     torch.ops.fastreduce.allreduce_(x, "sum", comm_id(comm))     # in place
@@ -115,7 +115,7 @@ def allreduce(x: torch.Tensor, op: str = "sum", *, comm: MPI.Comm | None = None)
 
 
 def allreduce_(x: torch.Tensor, op: str = "sum", *, comm: MPI.Comm | None = None):
-    """fastreduce.allreduce_ of a torch tensor as a custom op (traceable; in place)."""
+    """`fastreduce.allreduce_` of a torch tensor as a custom op (traceable; in place)."""
     torch.ops.fastreduce.allreduce_(x, op, _number(comm))
     return x
 

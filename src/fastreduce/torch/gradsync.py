@@ -1,4 +1,4 @@
-"""Data-parallel gradient averaging that overlaps the backward pass (DDP-style buckets).
+"""Data-parallel gradient averaging that overlaps the backward pass (DDP-style buckets)::
 
     model = Net()
     sync = fastreduce.GradientSync(model)      # also broadcasts rank 0's parameters
