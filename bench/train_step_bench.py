@@ -34,7 +34,7 @@ from mpi4py import MPI
 
 import fastreduce
 from fastreduce._abi import first_line
-from fastreduce.bench import _init_gloo
+from fastreduce.bench import init_gloo
 
 
 def make_mlp(width: int, depth: int, device) -> torch.nn.Module:
@@ -64,7 +64,7 @@ def main() -> int:
         sync = torch.cuda.synchronize
     else:
         device, sync = torch.device("cpu"), (lambda: None)
-    _init_gloo(MPI.COMM_WORLD)
+    init_gloo(MPI.COMM_WORLD)
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
     x = x.to(device)
 

@@ -20,28 +20,8 @@ it. --plot FILE.png draws latency, algbw and busbw against message size (log
 axes), one line per column: fastreduce, each extra GPU path mode, each peer.
 """
 
-# ruff: noqa: F401  (re-exports)
-# main is the tool; the other names are those the single-module benchmark had, kept
-# reachable here (fastreduce.bench is this package) for the bench/ scripts and the tests
-from ...errors import UsageError
-from ...sizes import format_size
-from .cli import _Parser, build_parser, check_args, main, parse_size, sizes_from
-from .measure import _measure
-from .output import _unwritable, _write_outputs
-from .peers import PEERS, _init_gloo, _init_torch, _time_peer, _torch_version
-from .plots import _columns, _log_y, _size_ticks, plot
-from .progress import LAUNCHERS, _is_terminal, _launcher_terminals, _Progress, terminals
-from .reference import (
-    DTYPES,
-    ITEMSIZE,
-    OPS,
-    _rounded,
-    as_numpy,
-    expected,
-    fill,
-    make_buffer,
-    rank_values,
-)
-from .timing import _device_sync, _iterations, _time, _time_mode
+from .cli import build_parser, main
+from .peers import init_gloo
+from .plots import plot
 
-__all__ = ["main"]
+__all__ = ["build_parser", "init_gloo", "main", "plot"]

@@ -25,7 +25,7 @@ def _torch_version() -> str:
 def _init_torch(world, peers) -> dict | None:
     """torch.distributed for the torch peers: {peer: its process group}, or None."""
     if "torch-fastreduce" not in peers:
-        return {"torch": _init_gloo(world)} if "torch" in peers else None
+        return {"torch": init_gloo(world)} if "torch" in peers else None
     import torch.distributed as dist  # optional and heavy: loaded only when used
 
     from ...torch import distributed  # noqa: F401  (registers the backend)
@@ -37,7 +37,9 @@ def _init_torch(world, peers) -> dict | None:
     return groups
 
 
-def _init_gloo(world):
+def init_gloo(world):
+    """torch.distributed's default group on gloo over the ranks of world (a TCP rendezvous
+    at rank 0, its address and a free port shared through MPI); returns the group."""
     import torch.distributed as dist  # optional and heavy: loaded only when used
 
     port = None
