@@ -214,7 +214,7 @@ def device_pointer_support() -> DevicePointerSupport:
     """The calls that may hand device pointers to MPI here: the override, else the table."""
     if _override_calls is not None:
         return _override_calls
-    setting = os.environ.get("FASTREDUCE_DEVICE_POINTERS", "").strip()
+    setting = settings.value("FASTREDUCE_DEVICE_POINTERS")
     if setting:
         return _parse_calls(setting, "FASTREDUCE_DEVICE_POINTERS")
     aware, how = cuda_aware()
@@ -240,13 +240,9 @@ def gpu_path_mode() -> tuple[str, str]:
     """(mode, where it was set)."""
     if _override_mode is not None:
         return _override_mode, "fastreduce.runtime.set_gpu_path()"
-    setting = os.environ.get("FASTREDUCE_GPU_PATH", "").strip().lower()
-    if not setting:
+    if not settings.is_set("FASTREDUCE_GPU_PATH"):
         return "auto", "default"
-    if setting not in MODES:
-        raise ValueError(f"fastreduce: FASTREDUCE_GPU_PATH={setting!r}: use one of "
-                         f"{', '.join(MODES)}")
-    return setting, "FASTREDUCE_GPU_PATH"
+    return settings.value("FASTREDUCE_GPU_PATH"), "FASTREDUCE_GPU_PATH"
 
 
 # --- size tables ---------------------------------------------------------------------
@@ -322,8 +318,8 @@ def pinned_thresholds() -> PathTable | None:
     FASTREDUCE_GPU_THRESHOLDS_FILE), or None: calibrate per communicator group."""
     if _override_table_set:
         return _override_table
-    text = os.environ.get("FASTREDUCE_GPU_THRESHOLDS", "").strip()
-    path = os.environ.get("FASTREDUCE_GPU_THRESHOLDS_FILE", "").strip()
+    text = settings.value("FASTREDUCE_GPU_THRESHOLDS")
+    path = settings.value("FASTREDUCE_GPU_THRESHOLDS_FILE")
     if text and path:
         raise ValueError("fastreduce: both FASTREDUCE_GPU_THRESHOLDS and "
                          "FASTREDUCE_GPU_THRESHOLDS_FILE are set; set one")
