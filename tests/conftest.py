@@ -1,9 +1,34 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import mpirun  # noqa: E402  (after the path above)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_cluster():
+    """With FASTREDUCE_TEST_NODES=K, a K-node cluster for the session, removed at its end."""
+    nodes = mpirun.test_nodes()
+    if not nodes:
+        yield None
+        return
+    from fastreduce.cluster import Cluster, remove
+    from fastreduce.errors import ClusterError
+
+    remove(mpirun.TEST_CLUSTER)  # what a killed run may have left
+    try:
+        cluster = Cluster.up(nodes, os.environ.get("FASTREDUCE_TEST_LINK"),
+                             name=mpirun.TEST_CLUSTER, subnet=mpirun.TEST_SUBNET)
+    except ClusterError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.exit(f"CI must run the multi-node tests: {exc}", returncode=1)
+        pytest.skip(f"no cluster on this machine: {exc}")
+    with cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -1,4 +1,9 @@
-"""Launch a worker script on N MPI ranks, with a timeout that shows every rank's output."""
+"""Launch a worker script on N MPI ranks, with a timeout that shows every rank's output.
+
+With FASTREDUCE_TEST_NODES=K the ranks run across K nodes of a cluster on this machine
+(fastreduce.cluster: network namespaces, TCP between nodes), filled in turn with
+ceil(N / K) ranks each; conftest.py brings the cluster up for the session.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,26 @@ from pathlib import Path
 
 WORKERS = Path(__file__).parent / "workers"
 DEFAULT_TIMEOUT = float(os.environ.get("FASTREDUCE_TEST_TIMEOUT", "300"))
+TEST_CLUSTER = "frt"  # the name of the cluster the multi-node pass runs on
+TEST_SUBNET = "10.77.90.0/24"
+
+
+def test_nodes() -> int:
+    """How many nodes the tests run across (FASTREDUCE_TEST_NODES; 0: this host alone)."""
+    return int(os.environ.get("FASTREDUCE_TEST_NODES", "0") or 0)
+
+
+@functools.cache
+def _cluster():
+    from fastreduce.cluster import Cluster
+
+    return Cluster.attach(TEST_CLUSTER)
+
+
+@functools.cache
+def _placed(nprocs: int) -> str:
+    """Check once per rank count that the ranks land on the nodes they are placed on."""
+    return _cluster().check_placement(nprocs, python=sys.executable)
 
 
 @functools.cache
@@ -60,14 +85,21 @@ def run_mpi(nprocs: int, *command: str, timeout: float = DEFAULT_TIMEOUT) -> tup
 
 
 def _run_once(nprocs: int, command: tuple[str, ...], timeout: float) -> tuple[int, str]:
-    cmd = [*mpiexec(), "-n", str(nprocs), *command]
+    env = launcher_env()
+    if test_nodes():
+        _placed(nprocs)
+        cmd, env, _ = _cluster().command(nprocs, list(command), env=env)
+    else:
+        cmd = [*mpiexec(), "-n", str(nprocs), *command]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=launcher_env(), start_new_session=True)
+                            env=env, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
+        if test_nodes():
+            _cluster().kill_jobs()  # the ranks on the nodes are not in the launcher's group
         raise AssertionError(f"{' '.join(command)} on {nprocs} ranks hung for {timeout:.0f}s "
                              f"and was killed; output of every rank:\n{output}") from None
     return proc.returncode, output

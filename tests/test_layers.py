@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fastreduce"
 # `fastreduce`, and the modules keeping the public names fastreduce.nn etc. working
 PUBLIC = {"fastreduce", "fastreduce.nn", "fastreduce.distributed", "fastreduce.distdl",
           "fastreduce.ops", "fastreduce.autograd", "fastreduce.gradsync"}
-TOOL_NAMES = {"fastreduce.bench", "fastreduce.info"}
+TOOL_NAMES = {"fastreduce.bench", "fastreduce.cluster", "fastreduce.info"}
 LAYERS = ("backend", "core", "torch", "public", "tools", "tool names")
 CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+(\.*[\w.]*)\s+c?import\s+([\w., ()*]+)|"
                            r"c?import\s+([\w.]+))", re.M)

@@ -30,19 +30,30 @@ def test_columns_outputs_and_plot(nprocs, tmp_path):
     assert rc == 0, out
     header = next(line for line in out.splitlines() if line.startswith("#") and "redop" in line)
     assert header.lstrip("#").split()[:10] == COLUMNS
-    assert "MPI:" in out and f"{nprocs} ranks on 1 node(s)" in out and "CUDA-aware:" in out
+    assert "MPI:" in out and "CUDA-aware:" in out
+    host = re.search(rf"^# {nprocs} ranks? on 1 node \((\S+)\); communicator: all ranks$", out,
+                     re.M).group(1)
+    assert "WARNING" not in out and "# nodes:" not in out, out
     rows = table_rows(out)
     assert [int(r[0]) for r in rows] == [4, 16, 64, 256, 1024, 4096, 16384, 65536]
     assert all(r[9] == "0" for r in rows)
     assert re.search(r"# Avg bus bandwidth +: [0-9.]+ GB/s", out)
     data = json.loads(js.read_text())
     assert len(data["rows"]) == 8 and data["meta"]["ranks"] == nprocs
+    assert {k: data["meta"][k] for k in ("nodes", "ranks_per_node", "node_names", "node_ranks",
+                                          "topology_problems")} == {
+        "nodes": 1, "ranks_per_node": [nprocs], "node_names": [host],
+        "node_ranks": [list(range(nprocs))], "topology_problems": []}
+    assert data["meta"]["mpi"] in out
     assert all(r["peers"]["mpi4py"] > 0 for r in data["rows"])
     with cs.open() as f:
         lines = list(csv.reader(f))
     assert lines[0][:10] == ["size_bytes", "count", "dtype", "op", "avg_us", "min_us",
                              "max_us", "algbw_GBps", "busbw_GBps", "wrong"]
     assert len(lines) == 9
+    assert lines[0][-5:] == ["ranks", "nodes", "ranks_per_node", "node_names", "mpi"]
+    assert all(line[-5:] == [str(nprocs), "1", str(nprocs), host, data["meta"]["mpi"]]
+               for line in lines[1:])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     # piped: no status line anywhere, nor in the files
     assert "\x1b" not in out and not re.search(r"# \[\d+/\d+\]", out), out
@@ -102,7 +113,7 @@ def test_usage_errors_exit_every_rank(options, message):
     assert message in out, out
 
 
-@pytest.mark.parametrize("nprocs", [1, 3])
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_info_prints_every_field(nprocs):
     rc, out = run_mpi(nprocs, sys.executable, "-m", "fastreduce.info")
     assert rc == 0, out
@@ -114,6 +125,69 @@ def test_info_prints_every_field(nprocs):
         assert re.search(rf"^ *{re.escape(field)} : \S", out, re.M), (field, out)
     assert len(re.findall(r"\d+@\S+ \(local \d+/\d+\)", out)) == nprocs, out
     assert f"local {nprocs - 1}/{nprocs}" in out
+    # one host: one shared-memory node holding every rank, named like the ranks' host
+    host = re.search(rf"^ *nodes : {nprocs} ranks? on 1 node \((\S+)\)$", out, re.M).group(1)
+    ranks = "0" if nprocs == 1 else f"0-{nprocs - 1}"
+    assert re.search(rf"^ *node ranks : {re.escape(host)}: {ranks}$", out, re.M), out
+    assert out.count(f"@{host} (local ") == nprocs and "topology :" not in out, out
+
+
+def test_tools_flag_processor_names_that_split_a_node(tmp_path):
+    """Ranks of one shared-memory group reporting two processor names: both tools still
+    count one node, and say the two disagree (the JSON records it too)."""
+    js = tmp_path / "r.json"
+    code = ("import sys\n"
+            "from mpi4py import MPI\n"
+            "MPI.Get_processor_name = lambda: f'n{MPI.COMM_WORLD.Get_rank()}'\n"
+            "from fastreduce import bench, info\n"
+            f"sys.exit(info.main([]) or bench.main(['-e', '4', '-n', '2', '--json', {str(js)!r}"
+            "]))\n")
+    rc, out = run_mpi(2, sys.executable, "-c", code)
+    assert rc == 0, out
+    problem = ("ranks 0-1 share memory (one MPI_COMM_TYPE_SHARED group) but have processor "
+               "names n0, n1")
+    assert re.search(r"^ *nodes : 2 ranks on 1 node \(n0\)$", out, re.M), out
+    assert re.search(rf"^ *topology : WARNING: .*disagree: {re.escape(problem)}$", out, re.M)
+    assert "# 2 ranks on 1 node (n0); communicator: all ranks" in out, out
+    assert f"# WARNING: processor names and shared-memory groups disagree: {problem}" in out
+    assert json.loads(js.read_text())["meta"]["topology_problems"] == [problem]
+
+
+@pytest.mark.parametrize("per_rank, summary, listing, problems", [
+    ([("h", 0)], "1 rank on 1 node (h)", "h: 0", []),
+    ([("n0", 0), ("n0", 0), ("n1", 2), ("n1", 2)],
+     "4 ranks on 2 nodes (n0, n1), 2 ranks per node", "n0: 0-1; n1: 2-3", []),
+    ([("n0", "a"), ("n1", "b"), ("n0", "a")],
+     "3 ranks on 2 nodes: n0 2, n1 1", "n0: 0, 2; n1: 1", []),
+    # two shared-memory groups under one processor name (e.g. one host, split namespaces)
+    ([("h", 0), ("h", 0), ("h", 2), ("h", 2)],
+     "4 ranks on 2 nodes (h, h), 2 ranks per node", "h: 0-1; h: 2-3",
+     ["processor name h covers 2 MPI_COMM_TYPE_SHARED groups: [0-1], [2-3]"]),
+    # one group whose ranks report different processor names
+    ([("n0", 0), ("n1", 0), ("n1", 0)], "3 ranks on 1 node (n0)", "n0: 0-2",
+     ["ranks 0-2 share memory (one MPI_COMM_TYPE_SHARED group) but have processor names "
+      "n0, n1"]),
+    # both at once: n1 spans the second group and a group of its own
+    ([("n0", 0), ("n1", 1), ("n2", 1), ("n1", 3)],
+     "4 ranks on 3 nodes: n0 1, n1 2, n1 1", "n0: 0; n1: 1-2; n1: 3",
+     ["ranks 1-2 share memory (one MPI_COMM_TYPE_SHARED group) but have processor names "
+      "n1, n2", "processor name n1 covers 2 MPI_COMM_TYPE_SHARED groups: [1-2], [3]"]),
+    ([(f"n{r // 2}", r // 2) for r in range(20)],
+     "20 ranks on 10 nodes (n0, n1, n2, n3, n4, n5, n6, n7, ... (2 more)), 2 ranks per node",
+     "; ".join(f"n{i}: {2 * i}-{2 * i + 1}" for i in range(10)), []),
+])
+def test_topology_summary(per_rank, summary, listing, problems):
+    """The nodes from each rank's (processor name, shared-memory group), and the
+    disagreements between the two."""
+    from fastreduce import topology
+
+    nodes = topology.summarise(per_rank)
+    assert (nodes.summary(), nodes.listing(), list(nodes.problems)) == (summary, listing,
+                                                                        problems)
+    record = nodes.as_dict()
+    assert record["nodes"] == len(record["node_names"]) == len(record["node_ranks"])
+    assert sum(record["ranks_per_node"]) == len(per_rank)
+    assert sorted(r for ranks in record["node_ranks"] for r in ranks) == list(range(len(per_rank)))
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])

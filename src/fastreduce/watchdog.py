@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import os
 import sys
 import threading
 import time
@@ -167,7 +168,26 @@ def _watch() -> None:
         print(f"fastreduce: rank {MPI.COMM_WORLD.Get_rank()}: {entry.call} #{entry.number} on "
               f"{entry.comm} has not completed in {_timeout:g} s (FASTREDUCE_TIMEOUT); "
               f"aborting the job\n{format_record(entry)}", file=sys.stderr, flush=True)
+        # The other ranks stuck in the same call time out within their polling period: give
+        # them the time to print their record before this rank's MPI_Abort ends them.
+        time.sleep(PRINT_GRACE)
+        # MPI_Abort asks the launcher to end the job; where the launcher is out of reach
+        # (this node's link is down) it may never return, and the rank would live on.
+        backstop = threading.Timer(ABORT_GRACE, _exit_unaborted)
+        backstop.daemon = True
+        backstop.start()
         MPI.COMM_WORLD.Abort(1)
+
+
+PRINT_GRACE = 2.0  # seconds between printing the record and MPI_Abort
+ABORT_GRACE = 10.0  # seconds MPI_Abort gets before the rank ends itself
+
+
+def _exit_unaborted() -> None:
+    print(f"fastreduce: rank {MPI.COMM_WORLD.Get_rank()}: MPI_Abort did not end this rank in "
+          f"{ABORT_GRACE:g} s (the launcher is out of reach: a node or its link failed); "
+          f"exiting", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def _from_environment() -> None:

@@ -13,7 +13,7 @@ import mpi4py
 import numpy
 from mpi4py import MPI
 
-from .. import calibration, gpupath, runtime, settings
+from .. import calibration, gpupath, runtime, settings, topology
 from .._abi import first_line
 from .._version import __version__
 from ..backend import buffer, collectives, cudart, engine, mpierrors, reductions
@@ -50,6 +50,7 @@ def collect() -> dict:
     except RuntimeError:
         cuda_runtime = "none found (GPU tensors unavailable; set FASTREDUCE_CUDART)"
     world = MPI.COMM_WORLD
+    nodes = topology.gather()
     try:
         paths = gpupath.gpu_path_settings()
     except ValueError as exc:  # a bad setting: say which
@@ -82,6 +83,10 @@ def collect() -> dict:
         "local rank": runtime.local_rank(),
         "local size": runtime.local_size(),
         "host": MPI.Get_processor_name(),
+        "nodes": nodes.summary(),
+        "node ranks": nodes.listing(),
+        **({"topology": "WARNING: processor names and shared-memory groups disagree: "
+                        + "; ".join(nodes.problems)} if nodes.problems else {}),
     }
 
 

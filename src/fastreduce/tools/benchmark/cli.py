@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import fastreduce
 
-from ... import sizes
+from ... import sizes, topology
 from ..._abi import first_line
 from ...errors import UsageError
 from .measure import _measure
@@ -191,11 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     p = comm.Get_size()
     gloo = _init_torch(world, peers)
     aware, how = fastreduce.runtime.cuda_aware()
-    nodes = len(set(world.allgather(MPI.Get_processor_name())))
+    nodes = topology.gather()
     meta = {
         "fastreduce": fastreduce.__version__,
         "mpi": first_line(MPI.Get_library_version()),
-        "ranks": world.Get_size(), "nodes": nodes, "communicator": where,
+        "ranks": world.Get_size(), **nodes.as_dict(), "topology": nodes.summary(),
+        "communicator": where,
         "device": args.device, "buffers": args.buffers, "dtype": args.dtype, "op": args.op,
         "mode": ("out of place" if args.out_of_place else "in place")
         + (", non-blocking" if args.nonblocking else ", blocking"),
@@ -209,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(f"# fastreduce-bench: fastreduce {meta['fastreduce']}, torch {meta['torch']}")
         print(f"# MPI: {meta['mpi']}")
-        print(f"# {meta['ranks']} ranks on {meta['nodes']} node(s); communicator: {where}")
+        print(f"# {meta['topology']}; communicator: {where}")
+        if nodes.nodes > 1:
+            print(f"# nodes: {nodes.listing()}")
+        for problem in nodes.problems:
+            print(f"# WARNING: processor names and shared-memory groups disagree: {problem}")
         print(f"# device {args.device}, {args.buffers} buffers, {meta['mode']}; "
               f"CUDA-aware: {meta['cuda_aware']}")
         if gpu:

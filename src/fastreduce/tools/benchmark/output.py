@@ -8,6 +8,9 @@ import os
 
 from .plots import plot
 
+# the run's columns, the same on every row: ranks per node and node names ";"-separated
+RUN_COLUMNS = ["ranks", "nodes", "ranks_per_node", "node_names", "mpi"]
+
 
 def _unwritable(args) -> str | None:
     """Why an output file could not be written at the end of the run, or None."""
@@ -31,10 +34,13 @@ def _write_outputs(args, meta: dict, rows: list[dict], peers, group_size: int) -
         with open(args.csv, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["size_bytes", "count", "dtype", "op", "avg_us", "min_us", "max_us",
-                             "algbw_GBps", "busbw_GBps", "wrong", *[f"{p}_us" for p in peers]])
+                             "algbw_GBps", "busbw_GBps", "wrong", *[f"{p}_us" for p in peers],
+                             *RUN_COLUMNS])
+            run = [meta["ranks"], meta["nodes"], ";".join(map(str, meta["ranks_per_node"])),
+                   ";".join(meta["node_names"]), meta["mpi"]]
             for r in rows:
                 writer.writerow([r["bytes"], r["count"], args.dtype, args.op, r["avg_us"],
                                  r["min_us"], r["max_us"], r["algbw"], r["busbw"], r["wrong"],
-                                 *[r["peers"][p] for p in peers]])
+                                 *[r["peers"][p] for p in peers], *run])
     if args.plot:
         plot(args.plot, meta, rows, peers, group_size)
