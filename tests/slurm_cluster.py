@@ -1,4 +1,5 @@
-"""A single-node Slurm cluster on loopback, in a temporary folder, for srun tests.
+"""Slurm clusters in a temporary folder, for srun tests: one node on loopback
+(SlurmCluster), or one slurmd per node of a fastreduce.cluster Cluster (MultiNodeSlurm).
 
 Needs slurmctld, slurmd and srun (Debian: slurmctld slurmd slurm-client, plus
 libpmix2 libpmix-dev for --mpi=pmix) and root. No munge: auth/none.
@@ -7,15 +8,15 @@ libpmix2 libpmix-dev for --mpi=pmix) and root. No munge: auth/none.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-CONF = """\
-ClusterName=fastreduce-test
-SlurmctldHost=localhost
+BASE = """\
+ClusterName={name}
 SlurmUser=root
 AuthType=auth/none
 CredType=cred/none
@@ -29,14 +30,29 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
 SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
 SlurmdParameters=config_overrides
+"""
+CONF = BASE + """\
+SlurmctldHost=localhost
+SlurmdSpoolDir={d}/spool
+SlurmdPidFile={d}/slurmd.pid
+SlurmdLogFile={d}/slurmd.log
 NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+"""
+# %n: each slurmd's files in its own folder. TmpFS too: the pmix plugin makes its
+# spmix_appdir_UID_JOB.STEP there, and the nodes share one /tmp.
+MULTI_CONF = BASE + """\
+SlurmctldHost=localhost({controller})
+SlurmctldPort={ports[0]}
+SlurmdPort={ports[1]}
+SlurmdSpoolDir={d}/%n/spool
+SlurmdPidFile={d}/%n/slurmd.pid
+SlurmdLogFile={d}/%n/slurmd.log
+TmpFS={d}/%n/tmp
+{nodes}PartitionName=test Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
 
 
@@ -45,39 +61,51 @@ def missing_tools() -> list[str]:
 
 
 class SlurmCluster:
+    """slurmctld and one slurmd (node `localhost`) on loopback."""
+
     def __init__(self, folder: Path, cpus: int = 16):
         self.folder = folder
-        for sub in ("state", "spool"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
-        self.conf = folder / "slurm.conf"
-        self.conf.write_text(CONF.format(d=folder, cpus=cpus))
+        self.nodes = ["localhost"]
+        self._configure(CONF.format(d=folder, name="fastreduce-test", cpus=cpus), ["spool"])
+
+    def _configure(self, conf: str, folders: list[str]) -> None:
+        for sub in ("state", *folders):
+            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        self.conf = self.folder / "slurm.conf"
+        self.conf.write_text(conf)
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
         self.procs: list[subprocess.Popen] = []
 
+    def daemons(self) -> list[list[str]]:
+        return [["slurmctld", "-D", "-f", str(self.conf)],
+                ["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)]]
+
     def start(self, timeout: float = 60) -> None:
-        for cmd in (["slurmctld", "-D", "-f", str(self.conf)],
-                    ["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)]):
+        for cmd in self.daemons():
             self.procs.append(subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL,
                                                start_new_session=True))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env,
-                                   capture_output=True, text=True).stdout.strip()
-            if state == "idle":
+            states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env,
+                                    capture_output=True, text=True).stdout.split()
+            if len(states) == len(self.nodes) and set(states) == {"idle"}:
                 return
             time.sleep(0.3)
         self.stop()
         raise RuntimeError(f"Slurm did not become idle in {timeout}s:\n{self.logs()}")
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(self.folder.glob("*.log")))
+        return "\n".join(f"--- {p.relative_to(self.folder)}\n"
+                         f"{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.folder.rglob("*.log")))
 
     def srun(self, ntasks: int, mpi: str, *command: str, timeout: float = 300,
-             env: dict | None = None) -> tuple[int, str]:
-        """srun -n ntasks -O --mpi=<mpi> command; (exit status, output). A hang is killed."""
-        cmd = ["srun", "-n", str(ntasks), "-O", f"--mpi={mpi}", *command]
+             env: dict | None = None, nodes: int | None = None) -> tuple[int, str]:
+        """srun [-N nodes] -n ntasks -O --mpi=<mpi> command; (exit status, output). A hang
+        is killed."""
+        cmd = ["srun", *(["-N", str(nodes)] if nodes else []), "-n", str(ntasks), "-O",
+               f"--mpi={mpi}", *command]
         full_env = dict(self.env, **(env or {}))
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -105,3 +133,41 @@ class SlurmCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs = []
+
+
+def cgroup_mounts() -> str:
+    """Shell commands mounting this machine's cgroup file systems again: `ip netns exec`
+    mounts a fresh /sys without them, and slurmd 22.05 does not start without them
+    ("can't stat /sys/fs/cgroup/systemd/", "Unable to initialize cgroup plugin")."""
+    commands = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        source, target, fstype, options = line.split()[:4]
+        if target == "/sys/fs/cgroup" or target.startswith("/sys/fs/cgroup/"):
+            commands.append(f"mkdir -p {target} && mount -t {fstype} -o "
+                            f"{shlex.quote(options)} {source} {target}")
+    return "".join(f"{c} && " for c in commands)
+
+
+class MultiNodeSlurm(SlurmCluster):
+    """slurmctld in the machine's namespace, at the bridge address of `cluster` (a
+    fastreduce.cluster Cluster), and one slurmd inside each node's namespace under the
+    node's hostname. Ports other than the defaults, so that a SlurmCluster can run too."""
+
+    def __init__(self, folder: Path, cluster, cpus: int = 4,
+                 ports: tuple[int, int] = (6917, 6918)):
+        self.folder = folder
+        self.nodes = [node.name for node in cluster.nodes]
+        lines = "".join(f"NodeName={node.name} NodeAddr={node.address} CPUs={cpus} "
+                        f"State=UNKNOWN\n" for node in cluster.nodes)
+        conf = MULTI_CONF.format(d=folder, name=cluster.name, ports=ports, nodes=lines,
+                                 controller=cluster.bridge_address,
+                                 names=",".join(self.nodes))
+        self._configure(conf, [f"{node}/{sub}" for node in self.nodes
+                               for sub in ("spool", "tmp")])
+
+    def daemons(self) -> list[list[str]]:
+        mounts = cgroup_mounts()
+        return [["slurmctld", "-D", "-f", str(self.conf)]] + [
+            ["ip", "netns", "exec", node, "unshare", "--uts", "bash", "-c",
+             f"{mounts}hostname {node} && exec slurmd -D -N {node} -f {self.conf}"]
+            for node in self.nodes]

