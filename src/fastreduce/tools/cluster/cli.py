@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--link", default=None,
                     help="each node's link to the switch: RATE[,DELAY[,LOSS%%]] as tc writes "
                          "them, e.g. 1gbit or 10gbit,50us (default: unshaped)")
+    up.add_argument("--no-hosts", action="store_true",
+                    help="each node resolves only its own name (as on clusters where names "
+                         "resolve only on a management network)")
     up.add_argument("--subnet", default=DEFAULT_SUBNET,
                     help=f"the nodes' network (default {DEFAULT_SUBNET})")
     run = add("run", "run an MPI job across the nodes")
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     if args.action == "up":
-        cluster = Cluster.up(args.nodes, args.link, args.name, args.subnet)
+        cluster = Cluster.up(args.nodes, args.link, args.name, args.subnet, not args.no_hosts)
         print(cluster.describe())
         return 0
     if args.action == "down":

@@ -42,9 +42,10 @@ class Cluster:
 
     @classmethod
     def up(cls, nodes: int = 2, link: str | Link | None = None, name: str = DEFAULT_NAME,
-           subnet: str = DEFAULT_SUBNET) -> Cluster:
-        """Make `nodes` namespaced nodes on a bridge, links shaped as `link`; on any
-        failure remove what was made and raise ClusterError."""
+           subnet: str = DEFAULT_SUBNET, hosts: bool = True) -> Cluster:
+        """Make `nodes` namespaced nodes on a bridge, links shaped as `link` (`hosts`:
+        node names resolve on every node); on any failure remove what was made and raise
+        ClusterError."""
         if not (1 <= len(name) <= 8 and name.replace("_", "").isalnum()):
             raise ClusterError(f"fastreduce.cluster: name {name!r}: 1 to 8 letters or digits "
                                f"(device names are limited to 15 characters)")
@@ -54,7 +55,7 @@ class Cluster:
         network.check_allowed()
         network.check_free(name, subnet)
         try:
-            bridge_address, made = network.create(name, nodes, subnet)
+            bridge_address, made = network.create(name, nodes, subnet, hosts)
             cluster = cls(name, subnet, bridge_address, made, link)
             network.shape(made, link)
             cluster._save()

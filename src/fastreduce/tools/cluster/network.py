@@ -148,21 +148,22 @@ def check_free(name: str, subnet: str) -> None:
                            f"this machine; choose another --subnet")
 
 
-def create(name: str, count: int, subnet: str) -> tuple[str, list[Node]]:
-    """Make the bridge and the nodes; (bridge address, nodes). Half-made pieces are
-    the caller's to remove (by name)."""
+def create(name: str, count: int, subnet: str, hosts: bool = True) -> tuple[str, list[Node]]:
+    """Make the bridge and the nodes; (bridge address, nodes). With `hosts`, every node
+    resolves every node's name; without, a node knows only its own (as where names
+    resolve only on a management network). Half-made pieces are the caller's to remove."""
     bridge, bridge_address, nodes = plan(name, count, subnet)
     _run("ip", "link", "add", bridge, "type", "bridge")
     _run("ip", "addr", "add", bridge_address, "dev", bridge)
     _run("ip", "link", "set", bridge, "up")
     prefix = bridge_address.split("/")[1]
-    hosts_file = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
-        f"{node.address} {node.name}\n" for node in nodes)
     for node in nodes:
         _run("ip", "netns", "add", node.name)
         os.makedirs(f"{NETNS_ETC}/{node.name}", exist_ok=True)
         with open(f"{NETNS_ETC}/{node.name}/hosts", "w") as out:
-            out.write(hosts_file)
+            out.write("127.0.0.1 localhost\n::1 localhost\n" + "".join(
+                f"{other.address} {other.name}\n" for other in nodes
+                if hosts or other is node))
         _run("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns",
              node.name)
         _run("ip", "link", "set", node.veth, "master", bridge)
