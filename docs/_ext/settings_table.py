@@ -10,6 +10,7 @@ SECTION_TITLES = {
     "checks": "Checks and diagnostics",
     "host": "Host all-reduce",
     "gpu": "GPU tensors",
+    "torch": "torch.distributed backend",
 }
 
 

@@ -11,6 +11,7 @@ table, and the settings page of the documentation is generated from it.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,24 @@ def _number(name: str, hint: str, cast: Callable[[str], Any], positive: bool = F
     return parse
 
 
+_HOST_PORT = re.compile(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^\s:\[\]]+)(?::(\d+))?"
+                        r"|([0-9A-Fa-f.]*:[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*)")
+
+
+def _host_port(name: str, hint: str) -> Callable[[str | None], Any]:
+    """ADDR, ADDR:PORT, IPv6 or [IPv6]:PORT: (host, port or None)."""
+    def parse(text: str | None):
+        text = (text or "").strip()
+        if not text:
+            return None
+        match = _HOST_PORT.fullmatch(text)
+        port = match and (match[2] or match[4])
+        if not match or (port and not 0 < int(port) < 65536):
+            raise _fail(name, text, hint)
+        return match[1] or match[3] or match[5], int(port) if port else None
+    return parse
+
+
 def _text(text: str | None) -> str | None:
     return (text or "").strip() or None
 
@@ -192,6 +211,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FASTREDUCE_CUDART", "path", "searched",
             "The CUDA runtime library to load, instead of searching for it.",
             _text, "gpu"),
+    # --- torch.distributed backend
+    Setting("FASTREDUCE_STORE_ADDR", "address[:port]", "rank 0's addresses",
+            "Where the other ranks reach rank 0's torch.distributed store: an address or "
+            "hostname of rank 0 (`[IPv6]:PORT` with a port); with a port, rank 0 opens the "
+            "store on it. Unset: rank 0 offers its interface addresses, its hostname and "
+            "loopback, and each rank takes the first it reaches, its own subnets first.",
+            _host_port("FASTREDUCE_STORE_ADDR", "give an address or hostname of rank 0, "
+                       "optionally with :PORT (IPv6 with a port: [ADDR]:PORT)"), "torch"),
+    Setting("FASTREDUCE_STORE_TIMEOUT", "seconds", "60",
+            "How long a rank tries to reach rank 0's torch.distributed store before every rank "
+            "raises BackendError (at most init_process_group's timeout).",
+            _seconds("FASTREDUCE_STORE_TIMEOUT", "give a number of seconds > 0", False),
+            "torch"),
 )
 
 _BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
