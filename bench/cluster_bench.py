@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from fastreduce.cluster import Cluster
+from fastreduce.cluster import Cluster, remove
 from fastreduce.sizes import format_size
 
 HERE = Path(__file__).resolve().parent
@@ -129,11 +128,11 @@ def main() -> int:
     parser.add_argument("--report-only", action="store_true",
                         help="only write the summary and plot from existing JSON")
     args = parser.parse_args()
-    os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cases = [(mpi, layout, link) for link in args.links.split(",")
              for mpi in args.mpis.split(",") for layout in args.layouts.split(",")]
     RESULTS.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
+        remove("frb")  # what a killed run left
         cluster = Cluster.up(2, link=None, name="frb", subnet="10.77.97.0/24")
         try:
             for link in dict.fromkeys(c[2] for c in cases):

@@ -16,17 +16,8 @@ def test_cluster():
     if not nodes:
         yield None
         return
-    from fastreduce.cluster import Cluster, remove
-    from fastreduce.errors import ClusterError
-
-    remove(mpirun.TEST_CLUSTER)  # what a killed run may have left
-    try:
-        cluster = Cluster.up(nodes, os.environ.get("FASTREDUCE_TEST_LINK"),
-                             name=mpirun.TEST_CLUSTER, subnet=mpirun.TEST_SUBNET)
-    except ClusterError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.exit(f"CI must run the multi-node tests: {exc}", returncode=1)
-        pytest.skip(f"no cluster on this machine: {exc}")
+    cluster = mpirun.cluster_or_skip(nodes, mpirun.TEST_CLUSTER, mpirun.TEST_SUBNET,
+                                     os.environ.get("FASTREDUCE_TEST_LINK"))
     with cluster:
         yield cluster
 

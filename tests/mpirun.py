@@ -26,6 +26,24 @@ def test_nodes() -> int:
     return int(os.environ.get("FASTREDUCE_TEST_NODES", "0") or 0)
 
 
+def cluster_or_skip(nodes: int, name: str, subnet: str, link: str | None = None,
+                    hosts: bool = True):
+    """A new cluster `name` (one a killed run left is removed first); without namespaces,
+    skip with the reason (under CI=true: fail)."""
+    import pytest
+
+    from fastreduce.cluster import Cluster, remove
+    from fastreduce.errors import ClusterError
+
+    try:
+        remove(name)
+        return Cluster.up(nodes, link, name=name, subnet=subnet, hosts=hosts)
+    except ClusterError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the multi-node tests: {exc}")
+        pytest.skip(f"no cluster on this machine: {exc}")
+
+
 @functools.cache
 def _cluster():
     from fastreduce.cluster import Cluster
@@ -96,10 +114,11 @@ def _run_once(nprocs: int, command: tuple[str, ...], timeout: float) -> tuple[in
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if test_nodes():  # the ranks on the nodes are not in the launcher's group
+            _cluster().stop(proc)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        if test_nodes():
-            _cluster().kill_jobs()  # the ranks on the nodes are not in the launcher's group
         raise AssertionError(f"{' '.join(command)} on {nprocs} ranks hung for {timeout:.0f}s "
                              f"and was killed; output of every rank:\n{output}") from None
     return proc.returncode, output

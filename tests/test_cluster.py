@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
-from mpirun import WORKERS, launcher_env
+from mpirun import WORKERS, cluster_or_skip, launcher_env
 
-from fastreduce.cluster import Cluster, Link, Node, remove
+from fastreduce.cluster import Cluster, Link, Node
 from fastreduce.errors import ClusterError
 from fastreduce.tools.cluster import launch, network, placement
 
@@ -81,13 +81,7 @@ def test_run_without_a_cluster_says_how_to_make_one():
 
 @pytest.fixture(scope="module")
 def cluster():
-    remove(NAME)
-    try:
-        made = Cluster.up(2, name=NAME, subnet=SUBNET)
-    except ClusterError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the cluster tests: {exc}")
-        pytest.skip(str(exc))
+    made = cluster_or_skip(2, NAME, SUBNET)
     try:
         yield made
     finally:
@@ -112,6 +106,17 @@ def test_a_second_cluster_of_the_same_name_is_refused(cluster):
     with pytest.raises(ClusterError, match="is up already"):
         Cluster.up(2, name=NAME, subnet="10.77.96.0/24")
     assert Cluster.attach(NAME).nodes == cluster.nodes  # and the first is untouched
+
+
+def test_the_agent_runs_a_command_line_as_ssh_would(cluster):
+    """Leading options skipped, the rest one shell command line, on the node's hostname."""
+    agent = str(cluster.folder / "agent.sh")
+    done = subprocess.run([agent, "-x", cluster.nodes[1].address, 'echo "a  b";', "hostname"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout.splitlines() == ["a  b", "frc-n1"], (done.stdout, done.stderr)
+    done = subprocess.run([agent, "10.0.0.1", "true"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 255 and "no node named 10.0.0.1" in done.stderr, done.stderr
 
 
 def test_placement_and_hostnames_as_mpi_sees_them(cluster):
@@ -187,12 +192,7 @@ def test_rendezvous_unreachable_store_raises_everywhere(cluster):
 def test_rendezvous_where_rank_0s_name_resolves_on_its_node_only():
     """Node names that resolve only where they are (as on clusters that resolve them on a
     management network): the other node reaches rank 0's store at the address MPI uses."""
-    remove("frh")
-    try:
-        unresolved = Cluster.up(2, name="frh", subnet="10.77.99.0/24", hosts=False)
-    except ClusterError as exc:
-        pytest.skip(str(exc))
-    with unresolved:
+    with cluster_or_skip(2, "frh", "10.77.99.0/24", hosts=False) as unresolved:
         rendezvous(unresolved, 4, "across")
 
 

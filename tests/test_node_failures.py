@@ -18,7 +18,7 @@ import threading
 import time
 
 import pytest
-from mpirun import WORKERS, launcher_env
+from mpirun import WORKERS, cluster_or_skip, launcher_env
 
 pytestmark = pytest.mark.multinode
 
@@ -29,17 +29,7 @@ BOUND = TIMEOUT + 30
 @pytest.fixture
 def cluster():
     """A fresh 2-node cluster per test: a failed node leaves no state for the next test."""
-    from fastreduce.cluster import Cluster, remove
-    from fastreduce.errors import ClusterError
-
-    remove("frf")
-    try:
-        made = Cluster.up(2, name="frf", subnet="10.77.91.0/24")
-    except ClusterError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the node-failure tests: {exc}")
-        pytest.skip(str(exc))
-    with made:
+    with cluster_or_skip(2, "frf", "10.77.91.0/24") as made:
         made.check_placement(4)
         yield made
 

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import pytest
+from mpirun import cluster_or_skip
 from slurm_cluster import MultiNodeSlurm, SlurmCluster, missing_tools
 
 pytestmark = pytest.mark.slurm
@@ -126,14 +127,7 @@ NODES_ENV = dict(ENV, UCX_TLS="tcp,self", UCX_NET_DEVICES="eth0", GLOO_SOCKET_IF
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     need_slurm()
-    from fastreduce.cluster import Cluster, remove
-    from fastreduce.errors import ClusterError
-
-    remove(NODES_NAME)  # what a killed run may have left
-    try:
-        nodes = Cluster.up(2, name=NODES_NAME, subnet=NODES_SUBNET)
-    except ClusterError as exc:
-        unavailable(str(exc))
+    nodes = cluster_or_skip(2, NODES_NAME, NODES_SUBNET)
     slurm = None
     try:
         slurm = MultiNodeSlurm(tmp_path_factory.mktemp("slurm-nodes"), nodes)

@@ -18,8 +18,9 @@
 #
 # After each MPI's pass, a chosen set of its multi-rank tests runs again across the nodes
 # of a cluster on this machine (fastreduce.cluster: network namespaces, TCP between
-# nodes): 2 nodes x 2 ranks, then 3 nodes x 1 rank. The whole suite runs across nodes with
-#   FASTREDUCE_TEST_NODES=2 .venv-openmpi/bin/python -m pytest
+# nodes): 2 nodes x 2 ranks, then 3 nodes x 1 rank. Given pytest arguments other than -v,
+# these passes run only with FASTREDUCE_MULTINODE=1. Other tests run across nodes with
+#   FASTREDUCE_TEST_NODES=2 .venv-openmpi/bin/python -m pytest tests/test_X.py
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 status=0
@@ -76,9 +77,12 @@ for mpi in $mpis; do
   rc=$?
   echo "=== $mpi: pytest exit status $rc ==="
   [ "$rc" -eq 0 ] || status=1
-  if [ "${FASTREDUCE_MULTINODE:-1}" != 0 ]; then
-    extra=()
-    for arg in "$@"; do [ "$arg" = -v ] && extra+=(-v); done
+  multinode=${FASTREDUCE_MULTINODE:-auto}
+  extra=()
+  for arg in "$@"; do
+    if [ "$arg" = -v ]; then extra+=(-v); elif [ "$multinode" = auto ]; then multinode=0; fi
+  done
+  if [ "$multinode" != 0 ]; then
     for nodes in 2 3; do
       echo "=== $mpi: across $nodes nodes (fastreduce.cluster) ==="
       if [ "$nodes" = 2 ]; then tests=("${MULTINODE_2[@]}"); else tests=("${MULTINODE_3[@]}"); fi

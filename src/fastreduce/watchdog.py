@@ -4,7 +4,10 @@ With FASTREDUCE_TIMEOUT=seconds (or set_timeout(seconds)), fastreduce records it
 collectives (FASTREDUCE_FLIGHT_RECORD of them, default 64) and a watchdog thread checks
 them: when one has been waited for longer than the timeout (a blocking call still in MPI,
 or a request's wait()), the rank prints its flight record, the stuck call marked, on
-stderr and ends the job with MPI_Abort, so a hang does not burn the allocation.
+stderr and ends the job with MPI_Abort, so a hang does not burn the allocation (2 s after
+printing, so that the other ranks stuck in the same call print theirs; a rank whose
+MPI_Abort cannot reach its launcher, as when its node's link is down, exits by itself 10 s
+later).
 `flight_record()` returns the record at any time. Off by default: recording costs about a
 microsecond a call.
 
@@ -165,15 +168,16 @@ def _watch() -> None:
         entry = _stuck()
         if entry is None:
             continue
-        print(f"fastreduce: rank {MPI.COMM_WORLD.Get_rank()}: {entry.call} #{entry.number} on "
-              f"{entry.comm} has not completed in {_timeout:g} s (FASTREDUCE_TIMEOUT); "
-              f"aborting the job\n{format_record(entry)}", file=sys.stderr, flush=True)
+        rank = MPI.COMM_WORLD.Get_rank()
+        _say(f"fastreduce: rank {rank}: {entry.call} #{entry.number} on {entry.comm} has not "
+             f"completed in {_timeout:g} s (FASTREDUCE_TIMEOUT); aborting the job\n"
+             f"{format_record(entry)}")
         # The other ranks stuck in the same call time out within their polling period: give
         # them the time to print their record before this rank's MPI_Abort ends them.
         time.sleep(PRINT_GRACE)
         # MPI_Abort asks the launcher to end the job; where the launcher is out of reach
         # (this node's link is down) it may never return, and the rank would live on.
-        backstop = threading.Timer(ABORT_GRACE, _exit_unaborted)
+        backstop = threading.Timer(ABORT_GRACE, _exit_unaborted, (rank,))
         backstop.daemon = True
         backstop.start()
         MPI.COMM_WORLD.Abort(1)
@@ -183,11 +187,20 @@ PRINT_GRACE = 2.0  # seconds between printing the record and MPI_Abort
 ABORT_GRACE = 10.0  # seconds MPI_Abort gets before the rank ends itself
 
 
-def _exit_unaborted() -> None:
-    print(f"fastreduce: rank {MPI.COMM_WORLD.Get_rank()}: MPI_Abort did not end this rank in "
-          f"{ABORT_GRACE:g} s (the launcher is out of reach: a node or its link failed); "
-          f"exiting", file=sys.stderr, flush=True)
-    os._exit(1)
+def _say(text: str) -> None:
+    """Print to stderr; a closed stderr (the launcher is gone) must not stop the abort."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _exit_unaborted(rank: int) -> None:
+    try:  # no MPI call here: another thread is inside MPI_Abort
+        _say(f"fastreduce: rank {rank}: MPI_Abort did not end this rank in {ABORT_GRACE:g} s "
+             f"(the launcher is out of reach: a node or its link failed); exiting")
+    finally:
+        os._exit(1)
 
 
 def _from_environment() -> None:

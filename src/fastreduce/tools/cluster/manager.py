@@ -10,9 +10,9 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from ...errors import ClusterError
@@ -25,8 +25,23 @@ DEFAULT_NAME = "fr"
 DEFAULT_SUBNET = "10.77.0.0/24"
 
 
+STATE = Path("/run/fastreduce-cluster")  # root's: the launcher agent root runs lives here
+
+
 def _folder(name: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"fastreduce-cluster-{name}"
+    return STATE / name
+
+
+def _private_folder(folder: Path) -> None:
+    """Make `folder` (and STATE) owned by this user, mode 0700, and refuse anything else:
+    root runs the agent written there."""
+    for path in (folder.parent, folder):
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid()
+                or info.st_mode & 0o077):
+            raise ClusterError(f"fastreduce.cluster: {path} is not a private folder of this "
+                               f"user (a link, another owner, or open to others); remove it")
 
 
 class Cluster:
@@ -86,7 +101,7 @@ class Cluster:
         self.down()
 
     def _save(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        _private_folder(self.folder)
         agent = self.folder / "agent.sh"
         agent.write_text(launch.agent_script(self.nodes))
         agent.chmod(0o755)
@@ -103,9 +118,9 @@ class Cluster:
         self._save()
 
     def node(self, which: int | str) -> Node:
-        """A node by index or name."""
+        """A node by index, name (fr-n1) or short name (n1)."""
         for index, node in enumerate(self.nodes):
-            if which in (index, node.name):
+            if which in (index, node.name, node.name.removeprefix(f"{self.name}-")):
                 return node
         raise ClusterError(f"fastreduce.cluster: no node {which!r} in cluster {self.name!r} "
                            f"(nodes: {', '.join(n.name for n in self.nodes)})")
@@ -120,7 +135,7 @@ class Cluster:
         for pid in pids:
             try:
                 os.kill(pid, sig)
-            except ProcessLookupError:
+            except OSError:
                 pass
         return pids
 
@@ -190,9 +205,9 @@ class Cluster:
         self.kill_jobs()
 
     def kill_jobs(self) -> None:
-        """SIGKILL every process on every node (what a job left behind)."""
+        """End every process on every node (what a job left behind), until none is left."""
         for node in self.nodes:
-            self.kill_node(node.name)
+            network.kill_all(node.name)
 
     def describe(self) -> str:
         """One line per node, and the link."""

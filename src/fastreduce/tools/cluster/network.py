@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from ...errors import ClusterError
 
-__all__ = ["Link", "Node", "check_allowed", "check_free", "create", "node_pids", "remove",
-           "set_link_state", "shape"]
+__all__ = ["Link", "Node", "check_allowed", "check_free", "create", "kill_all", "node_pids",
+           "remove", "set_link_state", "shape"]
 
 NETNS_ETC = "/etc/netns"  # `ip netns exec` bind-mounts /etc/netns/NS/hosts over /etc/hosts
 
@@ -106,7 +106,11 @@ def _parse_loss(text: str) -> float:
 def _run(*cmd: str, namespace: str | None = None, check: bool = True) -> str:
     """Run ip/tc (inside `namespace` if given); ClusterError with its message if it fails."""
     full = ["ip", "netns", "exec", namespace, *cmd] if namespace else list(cmd)
-    done = subprocess.run(full, capture_output=True, text=True)
+    try:
+        done = subprocess.run(full, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise ClusterError(f"fastreduce.cluster: {full[0]} not found: install iproute2 "
+                           f"(ip, tc) and util-linux (unshare)") from None
     if check and done.returncode != 0:
         raise ClusterError(f"fastreduce.cluster: `{' '.join(full)}` failed: "
                            f"{(done.stderr or done.stdout).strip()}")
@@ -115,10 +119,11 @@ def _run(*cmd: str, namespace: str | None = None, check: bool = True) -> str:
 
 def check_allowed() -> None:
     """Raise ClusterError saying why namespaces cannot be made here (not root, no iproute2)."""
-    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "tc", "unshare", "hostname")
+               if shutil.which(tool) is None]
     if missing:
         raise ClusterError(f"fastreduce.cluster: {', '.join(missing)} not found: install "
-                           f"iproute2 and util-linux")
+                           f"iproute2, util-linux and hostname")
     if os.geteuid() != 0:
         raise ClusterError("fastreduce.cluster: network namespaces need root (or "
                            "CAP_NET_ADMIN and CAP_SYS_ADMIN); run it as root")
@@ -243,7 +248,7 @@ def remove(name: str) -> list[str]:
                   .splitlines() if line.split() and re.fullmatch(
                       re.escape(prefix) + r"\d+", line.split()[0])]
     for namespace in namespaces:
-        _kill_all(namespace)
+        kill_all(namespace)
         _run("ip", "netns", "del", namespace, check=False)
         removed.append(f"namespace {namespace}")
     for entry in sorted(os.listdir(NETNS_ETC)) if os.path.isdir(NETNS_ETC) else []:
@@ -260,14 +265,15 @@ def remove(name: str) -> list[str]:
     return removed
 
 
-def _kill_all(namespace: str, grace: float = 2.0) -> None:
-    """SIGTERM every process in the namespace, then SIGKILL what is left after `grace` s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def kill_all(namespace: str, grace: float = 2.0) -> None:
+    """SIGTERM every process in the namespace, then SIGKILL what is left after `grace` s,
+    until none is left (a process forked meanwhile gets its signal in the next round)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGKILL, signal.SIGKILL):
         pids = node_pids(namespace)
         for pid in pids:
             try:
                 os.kill(pid, sig)
-            except ProcessLookupError:
+            except OSError:
                 pass
         deadline = time.monotonic() + grace
         while pids and time.monotonic() < deadline:
