@@ -64,6 +64,14 @@ def test_agent_runs_the_command_on_the_named_node():
     assert 'ip netns exec "$node" unshare --uts' in script
 
 
+def test_open_mpi_4_is_refused_by_name(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.4'\n")
+    fake.chmod(0o755)
+    with pytest.raises(ClusterError, match="Open MPI 4 .*use Open MPI 5"):
+        launch.family(str(fake))
+
+
 def test_not_root_is_refused_with_the_reason(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ClusterError, match="need root"):

