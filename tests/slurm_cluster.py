@@ -8,6 +8,7 @@ libpmix2 libpmix-dev for --mpi=pmix) and root. No munge: auth/none.
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -72,7 +73,10 @@ class SlurmCluster:
         for sub in ("state", *folders):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         self.conf = self.folder / "slurm.conf"
-        self.conf.write_text(conf)
+        # Job ids that no earlier test cluster used: MPICH names its shared-memory segments
+        # after the job and step, and a segment a killed job left in /dev/shm under the same
+        # name makes MPI_Init fail ("Out of memory" in MPIDI_POSIX_comm_bootstrap).
+        self.conf.write_text(conf + f"FirstJobId={random.randrange(10_000, 60_000_000)}\n")
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
         self.procs: list[subprocess.Popen] = []
 
