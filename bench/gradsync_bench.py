@@ -99,6 +99,80 @@ def ddp_bucket_timeline(args, x) -> list[dict]:
     return out
 
 
+def bf16_hook(group, bucket):
+    """torch's bf16_compress_hook (which refuses to register without CUDA and NCCL) for the
+    CPU: the bucket cast to bfloat16, all-reduced on `group`, divided and cast back."""
+    buffer = bucket.buffer()
+    half = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
+    fut = dist.all_reduce(half, group=group, async_op=True).get_future()
+
+    def decompress(f):
+        buffer.copy_(f.value()[0])
+        return buffer
+
+    return fut.then(decompress)
+
+
+def network_steps(args, comm, floor, results) -> int:
+    """--network: no communication, GradientSync (float32, bf16), DDP on gloo (float32, the
+    bf16_compress_hook), DDP on fastreduce and the C floor, alternated; medians and ratios."""
+    dist.init_process_group("fastreduce")
+    gloo = dist.new_group(backend="gloo")
+    models = {name: make_mlp(args.width, args.depth) for name in (
+        "no communication", "GradientSync", "GradientSync bf16")}
+    models["DDP gloo"] = torch.nn.parallel.DistributedDataParallel(
+        make_mlp(args.width, args.depth), process_group=gloo)
+    models["DDP gloo bf16 hook"] = torch.nn.parallel.DistributedDataParallel(
+        make_mlp(args.width, args.depth), process_group=gloo)
+    models["DDP gloo bf16 hook"].register_comm_hook(gloo, bf16_hook)
+    models["DDP fastreduce"] = torch.nn.parallel.DistributedDataParallel(
+        make_mlp(args.width, args.depth))
+    syncs = {"GradientSync": fastreduce.GradientSync(models["GradientSync"]),
+             "GradientSync bf16": fastreduce.GradientSync(models["GradientSync bf16"],
+                                                          compression="bf16")}
+    n_params = sum(q.numel() for q in models["no communication"].parameters())
+    grads = np.zeros(n_params, np.float32)
+    x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(comm.rank))
+    steps = {}
+    for name, model in models.items():
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if name in syncs:
+            syncs[name].attach(opt)
+
+        def step(model=model, opt=opt):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+
+        steps[name] = step
+    samples = {name: [] for name in [*steps, "C floor allreduce"]}
+    for _ in range(args.repeat):
+        for name, step in steps.items():
+            samples[name].append(timed(comm, step, args.steps))
+        samples["C floor allreduce"].append(
+            floor.floor_allreduce(comm.py2f(), None, grads.ctypes.data, n_params, 1, 3))
+    results["step_ms"] = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+    results["ratios"] = {
+        f"{a} / {b}": statistics.median(x / y for x, y in zip(samples[a], samples[b],
+                                                               strict=True))
+        for a, b in (("GradientSync", "DDP gloo"), ("DDP fastreduce", "GradientSync"),
+                     ("GradientSync bf16", "DDP gloo"),
+                     ("GradientSync bf16", "DDP gloo bf16 hook"))}
+    results["parameters"] = n_params
+    results["buckets"] = syncs["GradientSync"].bucket_sizes
+    dist.destroy_process_group()
+    if comm.rank == 0:
+        print(f"# fastreduce {fastreduce.__version__} training steps: {comm.size} ranks, "
+              f"{results['mpi']}, {n_params} parameters, median of {args.repeat} runs")
+        for k, v in results["step_ms"].items():
+            print(f"  {k:24s} {v:9.2f} ms")
+        for k, v in results["ratios"].items():
+            print(f"  {k:40s} {v:.2f}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -107,12 +181,19 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per run")
     parser.add_argument("--json")
+    parser.add_argument("--network", action="store_true",
+                        help="training steps only, with 16-bit compression variants "
+                             "(GradientSync bf16, DDP gloo with bf16_compress_hook): for "
+                             "runs across nodes")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one core per rank on the 2-core machine
     comm = fastreduce.default_comm()
     p, rank = comm.size, comm.rank
     floor = load_floor(comm)
     results: dict = {"ranks": p, "mpi": first_line(MPI.Get_library_version())}
+
+    if args.network:
+        return network_steps(args, comm, floor, results)
 
     # --- coalesced ------------------------------------------------------------------
     rng = np.random.default_rng(rank)

@@ -44,6 +44,8 @@ last=${mpis##* }
 # Across nodes: 4-rank tests on 2 nodes x 2 ranks (sub-communicators within a node and
 # across), 3-rank tests on 3 nodes x 1 rank (every byte over the network).
 MULTINODE_2=(
+  "tests/test_algorithms.py::test_algorithms[4]"
+  "tests/test_algorithms.py::test_algorithms[3]"
   "tests/test_allreduce.py::test_matrix[4-torch]"
   "tests/test_nonblocking.py::test_nonblocking_and_coalesced[4]"
   "tests/test_comms.py::test_communicators[4]"
@@ -54,6 +56,7 @@ MULTINODE_2=(
   "tests/test_misuse.py::test_timeout_ends_a_hung_job[4]"
 )
 MULTINODE_3=(
+  "tests/test_algorithms.py::test_algorithms[3]"
   "tests/test_allreduce.py::test_matrix[3-numpy]"
   "tests/test_autograd.py::test_autograd_layers[3]"
   "tests/test_torch_backend.py::test_every_operation[3]"

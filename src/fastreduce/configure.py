@@ -7,15 +7,16 @@ at first use get a callable that reads them then (so their errors keep that timi
 
 from __future__ import annotations
 
-from . import calibration, settings
-from .backend import buffer, cudart, engine, pathchoice, reduce, reductions
+from . import algorithms, calibration, settings
+from .backend import algochoice, buffer, cudart, engine, pathchoice, reduce, reductions
 
 
 def hand_down_settings() -> None:
     """Give the compiled core the FASTREDUCE_* settings and the GPU path agreement."""
     # read at import
-    reduce.set_segment_bytes(_or(settings.value("FASTREDUCE_SEGMENT_BYTES"),
-                                 reduce.DEFAULT_SEGMENT_BYTES))
+    segment = settings.value("FASTREDUCE_SEGMENT_BYTES")
+    if segment is not None:  # else each communicator's plan decides
+        reduce.set_segment_bytes(segment)
     megabytes = settings.value("FASTREDUCE_RESULT_CACHE_MB")
     if megabytes is not None:
         buffer.set_result_cache_limit(int(megabytes * (1 << 20)))
@@ -27,7 +28,5 @@ def hand_down_settings() -> None:
     engine.set_setting_source(settings.value)  # FASTREDUCE_ENGINE(_HOST_BYTES)
     cudart.set_library_source(lambda: settings.value("FASTREDUCE_CUDART"))
     pathchoice.set_agreement(calibration.agree)  # rank agreement on the GPU path settings
+    algochoice.set_agreement(algorithms.agree)  # ... on the all-reduce algorithm
 
-
-def _or(value, default):
-    return default if value is None else value

@@ -24,6 +24,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from mpi4py import MPI
 
@@ -254,48 +255,56 @@ class PathTable:
     steps: tuple[tuple[int, str], ...]
     source: str = ""
 
+    # what the table chooses among, its name in messages, its setting and an example
+    CHOICES: ClassVar[tuple[str, ...]] = PATHS
+    WHAT: ClassVar[str] = "GPU path table"
+    SETTING: ClassVar[str] = "FASTREDUCE_GPU_THRESHOLDS"
+    EXAMPLE: ClassVar[str] = "0:direct,64KiB:staged,16MiB:direct"
+    STEP: ClassVar[str] = "SIZE:PATH"
+
     def __post_init__(self):
         starts = [start for start, _ in self.steps]
         if not self.steps or starts[0] != 0 or starts != sorted(set(starts)):
-            raise ValueError(f"fastreduce: GPU path table {self.spec()!r}: its sizes must "
+            raise ValueError(f"fastreduce: {self.WHAT} {self.spec()!r}: its sizes must "
                              f"start at 0 and increase")
-        if any(path not in PATHS for _, path in self.steps):
-            raise ValueError(f"fastreduce: GPU path table {self.spec()!r}: paths are "
-                             f"{' or '.join(PATHS)}")
+        if any(path not in self.CHOICES for _, path in self.steps):
+            raise ValueError(f"fastreduce: {self.WHAT} {self.spec()!r}: the choices are "
+                             f"{', '.join(self.CHOICES)}")
 
     @classmethod
     def parse(cls, text: str, source: str = "") -> PathTable:
-        """From "staged", "direct", or "0:direct,64KiB:staged,16MiB:direct"."""
+        """From one choice ("staged"), or steps "0:direct,64KiB:staged,16MiB:direct"."""
         what = f"{source}={text!r}" if source else repr(text)
         lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-        body = ",".join(line.removeprefix("FASTREDUCE_GPU_THRESHOLDS=") for line in lines
+        body = ",".join(line.removeprefix(f"{cls.SETTING}=") for line in lines
                         if line).strip(",")
-        if body in PATHS:
+        if body in cls.CHOICES:
             return cls(((0, body),), source)
         steps = []
         for item in [item for item in body.split(",") if item.strip()] or [""]:
             size, sep, path = item.strip().partition(":")
             try:
-                if not sep or path.strip() not in PATHS:
+                if not sep or path.strip() not in cls.CHOICES:
                     raise ValueError
                 steps.append((parse_size(size), path.strip()))
             except ValueError:
                 raise ValueError(
-                    f"fastreduce: GPU path table {what}: write 'direct', 'staged', or steps "
-                    f"SIZE:PATH from 0 up, e.g. '0:direct,64KiB:staged,16MiB:direct'") from None
+                    f"fastreduce: {cls.WHAT} {what}: write one of "
+                    f"{', '.join(map(repr, cls.CHOICES))}, or steps {cls.STEP} from 0 up, "
+                    f"e.g. {cls.EXAMPLE!r}") from None
         try:
             return cls(tuple(steps), source)
         except ValueError as exc:
             raise ValueError(f"{exc} ({what})") from None
 
     def spec(self) -> str:
-        """The table in the form FASTREDUCE_GPU_THRESHOLDS takes."""
+        """The table in the form its setting takes."""
         if len(self.steps) == 1:
             return self.steps[0][1]
         return ",".join(f"{format_size(start)}:{path}" for start, path in self.steps)
 
     def path_for(self, nbytes: int) -> str:
-        """The path of an nbytes call (where both are allowed)."""
+        """The choice for an nbytes call."""
         chosen = self.steps[0][1]
         for start, path in self.steps:
             if nbytes >= start:

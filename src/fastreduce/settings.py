@@ -161,11 +161,23 @@ SETTINGS: tuple[Setting, ...] = (
             "(one extra small all-gather per call).",
             _lenient_flag, "checks"),
     # --- host all-reduce
-    Setting("FASTREDUCE_SEGMENT_BYTES", "bytes (K, M, G)", "4MiB",
-            "Split host all-reduces larger than this into segments, one MPI call each "
-            "(0: one MPI call per all-reduce).",
+    Setting("FASTREDUCE_SEGMENT_BYTES", "bytes (K, M, G)", "4MiB on one node, 0 across",
+            "Split host all-reduces (mpi algorithm) larger than this into segments, one MPI "
+            "call each (0: one MPI call per all-reduce); unset: 4MiB on one node, 0 across "
+            "nodes.",
             _size("FASTREDUCE_SEGMENT_BYTES", "give bytes (with K, M or G), or 0 for one MPI "
                   "call per all-reduce", None), "host"),
+    Setting("FASTREDUCE_ALGORITHM", "auto, mpi, ring, rsag or hierarchical", "auto",
+            "The host all-reduce algorithm: the MPI's own call (mpi), a ring of point-to-point "
+            "messages (ring), MPI_Reduce_scatter_block + MPI_Allgather (rsag), reduce in the "
+            "node + ring between nodes + broadcast (hierarchical), or per size and nodes (auto).",
+            _choice("FASTREDUCE_ALGORITHM", ("auto", "mpi", "ring", "rsag", "hierarchical"),
+                    "auto", "use one of auto, mpi, ring, rsag, hierarchical", lower=True),
+            "host"),
+    Setting("FASTREDUCE_ALGORITHM_TABLE", "size table", "from the nodes",
+            "The pinned size table for ALGORITHM=auto (e.g. 0:mpi,256KiB:ring); unset: mpi on "
+            "one node, mpi then ring or hierarchical from 256KiB across nodes.",
+            _text, "host"),
     Setting("FASTREDUCE_RESULT_CACHE_MB", "MiB", "256",
             "The most memory the out-of-place result cache keeps for reuse (0: none).",
             _number("FASTREDUCE_RESULT_CACHE_MB", "give a number of MiB", float), "host"),

@@ -43,12 +43,17 @@ cdef int _resolve_comm(object comm, MPI_Comm* out) except -1:
 
 
 cdef inline object _prepare(object x, object op, object comm, bint writable,
-                            BufferView* view, MPI_Comm* handle, const Reduction** red):
-    """Validate op, comm and x (in that order, before any MPI call); returns x's owner."""
+                            BufferView* view, MPI_Comm* handle, const Reduction** red,
+                            object compression=None):
+    """Validate op, compression, comm and x (in that order, before any MPI call); returns
+    x's owner."""
     cdef int code = op_code(op)
+    cdef int wire = compression_code(compression)
     _resolve_comm(comm, handle)
     owner = acquire(x, view, writable, "x")
     red[0] = get_reduction(view.kind, code)
+    if wire:
+        red[0] = get_compressed(red[0], view.kind, code, wire)
     return owner
 
 

@@ -17,12 +17,13 @@ cdef int _blocking(BufferView* view, BufferView* result, const void* sendbuf,
     return 0
 
 
-def allreduce_(x, op="sum", *, comm=None):
-    """Reduce x over all ranks of comm in place (MPI_IN_PLACE) and return x."""
+def allreduce_(x, op="sum", *, comm=None, compression=None):
+    """Reduce x over all ranks of comm in place (MPI_IN_PLACE) and return x; compression
+    "bf16" or "fp16" sends float32 as 16 bits."""
     cdef BufferView view
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
-    _owner = _prepare(x, op, comm, True, &view, &handle, &red)
+    _owner = _prepare(x, op, comm, True, &view, &handle, &red, compression)
     if _debug:
         _debug_check(comm, "allreduce_", &view, op)
     _blocking(&view, &view, MPI_IN_PLACE, red, handle, comm, "allreduce_")
@@ -31,12 +32,13 @@ def allreduce_(x, op="sum", *, comm=None):
     return x
 
 
-def allreduce(x, op="sum", *, comm=None, out=None):
-    """Return the reduction of x over all ranks of comm, in a new tensor or in `out`; x is kept."""
+def allreduce(x, op="sum", *, comm=None, out=None, compression=None):
+    """Return the reduction of x over all ranks of comm, in a new tensor or in `out`; x is
+    kept; compression "bf16" or "fp16" sends float32 as 16 bits."""
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
-    _owner = _prepare(x, op, comm, False, &view, &handle, &red)
+    _owner = _prepare(x, op, comm, False, &view, &handle, &red, compression)
     out_owner = None
     if out is None:
         out = new_like(x, &view, &result)

@@ -241,6 +241,18 @@ cdef class Request:
         return not self.pending
 
 
+cdef bint _by_engine(int64_t count, const Reduction* red) except -1:
+    """Whether the progress engine runs a host request (else MPI_Iallreduce): above its
+    size threshold, and always for a 16-bit wire, which MPI_Iallreduce cannot carry."""
+    if red.wire != FR_WIRE_NONE:
+        if not enabled():
+            raise ValueError("fastreduce: a compressed non-blocking all-reduce runs on the "
+                             "progress engine, which is off (FASTREDUCE_ENGINE=none); turn "
+                             "it on, or reduce without compression")
+        return True
+    return host_enabled(count * red.itemsize)
+
+
 cdef Request _start(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
                     MPI_Comm handle, object comm, object result, object keep):
     """MPI_Iallreduce (large-count, or chunked past the int limit) wrapped in a Request."""
@@ -292,12 +304,12 @@ cdef Request _start(const void* sendbuf, char* recvbuf, int64_t count, const Red
     return req
 
 
-def iallreduce_(x, op="sum", *, comm=None):
+def iallreduce_(x, op="sum", *, comm=None, compression=None):
     """Start reducing x in place over comm; returns a Request whose wait() returns x."""
     cdef BufferView view
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
-    owner = _prepare(x, op, comm, True, &view, &handle, &red)
+    owner = _prepare(x, op, comm, True, &view, &handle, &red, compression)
     if _debug:
         _debug_check(comm, "iallreduce_", &view, op)
     storage = _storage(x, &view)
@@ -336,18 +348,18 @@ cdef Request _iallreduce_inplace(object x, object comm, object keep, BufferView*
                                  MPI_Comm handle, const Reduction* red):
     if view.on_device:
         return _device_start(view, view, MPI_IN_PLACE, red, handle, comm, x, keep)
-    if host_enabled(view.count * red.itemsize):
+    if _by_engine(view.count, red):
         return _engine_host_start(MPI_IN_PLACE, view.data, view.count, red, comm, x, keep)
     return _start(MPI_IN_PLACE, view.data, view.count, red, handle,
                   default_comm() if comm is None else comm, x, keep)
 
 
-def iallreduce(x, op="sum", *, comm=None, out=None):
+def iallreduce(x, op="sum", *, comm=None, out=None, compression=None):
     """Start reducing x over comm into a new tensor (or `out`); returns a Request; x is kept."""
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
-    owner = _prepare(x, op, comm, False, &view, &handle, &red)
+    owner = _prepare(x, op, comm, False, &view, &handle, &red, compression)
     out_owner = None
     given = out is not None
     if given:
@@ -372,7 +384,7 @@ cdef Request _iallreduce_new(object comm, object out, object keep, BufferView* v
                              const Reduction* red):
     if view.on_device:
         return _device_start(view, result, sendbuf, red, handle, comm, out, keep)
-    if host_enabled(view.count * red.itemsize):
+    if _by_engine(view.count, red):
         return _engine_host_start(sendbuf, result.data, view.count, red, comm, out, keep)
     return _start(sendbuf, result.data, view.count, red, handle,
                   default_comm() if comm is None else comm, out, keep)

@@ -28,7 +28,9 @@ from .engine cimport Job, enabled, host_enabled, submit, wait_for
 from .mpierrors cimport CHKERR
 from .pathchoice cimport PATH_DIRECT, choose_path
 from .libmpi cimport *
-from .reductions cimport OP_AVG, OP_SUM, Reduction, get_reduction, op_code
+from .reductions cimport (
+    OP_AVG, OP_SUM, Reduction, compression_code, get_compressed, get_reduction, op_code,
+)
 from .reduce cimport _run, _run_in, count_limit, segment_bytes_now
 from .staging cimport (
     _check_capture, _copy_in_whole, _device_run, _drain, _pipeline_begin, _StagedJob,
@@ -42,6 +44,10 @@ from contextlib import nullcontext
 from mpi4py import MPI as _MPI
 
 from .reductions import KIND_NAMES as _KIND_NAMES
+
+cdef extern from "algorithms.h" nogil:
+    enum:
+        FR_WIRE_NONE
 
 cdef extern from "halfops.h" nogil:
     void fr_divide(void* data, int64_t count, int kind, int divisor)

@@ -68,6 +68,7 @@ cdef extern from "mpicompat.h" nogil:
     int MPI_Comm_size(MPI_Comm, int*)
     int MPI_Comm_rank(MPI_Comm, int*)
     int MPI_Comm_test_inter(MPI_Comm, int*)
+    int MPI_Comm_free(MPI_Comm*)
     int MPI_Comm_set_errhandler(MPI_Comm, MPI_Errhandler)
     int MPI_Comm_create_keyval(MPI_Comm_copy_attr_function*, MPI_Comm_delete_attr_function*,
                                int*, void*)

@@ -16,11 +16,16 @@ makes each communicator agree again at its next call.
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
+from .algochoice cimport choose_algorithm, plan_for
 from .cudart cimport count_path
 from .dtypes cimport KIND_BFLOAT16, KIND_FLOAT16
 from .mpierrors cimport CHKERR
 from .libmpi cimport *
 from .reductions cimport Reduction
+
+cdef extern from "algorithms.h" nogil:
+    enum:
+        FR_ALGO_MPI
 
 cdef enum:
     MODE_AUTO = 0
@@ -121,6 +126,8 @@ cdef inline int _lookup(const Agreed* agreed, int64_t nbytes) noexcept nogil:
 cdef int _decide(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
                  const Reduction* red, int kind) except -1:
     if not red.predefined or red.divide_kind >= 0:  # computed on the host by fastreduce
+        return PATH_STAGED
+    if choose_algorithm(plan_for(handle), nbytes) != FR_ALGO_MPI:  # combines on the host
         return PATH_STAGED
     cdef const Agreed* agreed = _agreed(comm, handle)
     if agreed.mode == MODE_STAGED:

@@ -1,5 +1,8 @@
-"""All-reduce of host memory with MPI: one call, or one segment per call for large
-messages, or int-sized chunks (or one large-count call) past INT_MAX; then avg's division.
+"""All-reduce of host memory with MPI, by the algorithm the communicator's plan chooses
+for the size: the MPI's own MPI_Allreduce (one call, or one segment per call for large
+messages, or int-sized chunks, or one large-count call past INT_MAX), or a composition of
+MPI calls (ring, reduce-scatter + all-gather, hierarchical; algorithms.h); then avg's
+division.
 
 Every blocking reduction fastreduce makes goes through _run: the host path, each staged GPU
 chunk, each dtype of a coalesced call, and the progress engine's jobs.
@@ -7,17 +10,37 @@ chunk, each dtype of a coalesced call, and the progress engine's jobs.
 
 from libc.limits cimport INT_MAX
 from libc.stdint cimport int64_t
+from libc.string cimport memcpy
 
+from .algochoice cimport Plan, choose_algorithm, plan_for
 from .mpierrors cimport CHKERR
 from .libmpi cimport *
 from .reductions cimport Reduction
+
+cdef extern from "algorithms.h" nogil:
+    enum:
+        FR_ALGO_MPI
+        FR_WIRE_NONE
+    ctypedef struct fr_combine:
+        MPI_Datatype datatype
+        MPI_Op op
+        int itemsize
+        int wire
+        int opcode
+        MPI_Datatype wire_datatype
+        MPI_Op wire_op
+    int fr_allreduce_by(int algorithm, char* buf, int64_t count, const fr_combine* c,
+                        MPI_Comm comm, MPI_Comm local, MPI_Comm leaders,
+                        int64_t piece_bytes)
 
 cdef extern from "halfops.h" nogil:
     void fr_divide(void* data, int64_t count, int kind, int divisor)
 
 cdef int64_t _count_limit = INT_MAX
-# DEFAULT_SEGMENT_BYTES until set-up hands down FASTREDUCE_SEGMENT_BYTES (0: one call)
+# DEFAULT_SEGMENT_BYTES until set-up hands down FASTREDUCE_SEGMENT_BYTES (0: one call);
+# unless pinned (the setting, set_segment_bytes), each communicator's plan decides
 cdef int64_t _segment_bytes = 4 << 20
+cdef bint _segment_pinned = False
 
 
 cdef inline int64_t _step(int64_t count, int itemsize, int64_t segment_bytes) noexcept nogil:
@@ -39,16 +62,57 @@ cdef extern from *:
 cdef int _run(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
               MPI_Comm comm) except -1:
     """_run_in with the segment size in force now."""
-    return _run_in(sendbuf, recvbuf, count, red, comm, _segment_bytes)
+    return _run_in(sendbuf, recvbuf, count, red, comm, segment_bytes_now())
 
 
 cdef int _run_in(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
                  MPI_Comm comm, int64_t segment_bytes) except -1:
+    """The all-reduce of `count` elements by the communicator's algorithm for the size, then
+    avg. segment_bytes < 0: the plan's segment size for the MPI's own call."""
+    cdef const Plan* plan = plan_for(comm)
+    cdef int algorithm = choose_algorithm(plan, count * red.itemsize)
+    if segment_bytes < 0:
+        segment_bytes = plan.segment_bytes
+    if algorithm == FR_ALGO_MPI and red.wire == FR_WIRE_NONE:
+        return _run_mpi(sendbuf, recvbuf, count, red, comm, segment_bytes)
+    return _run_composed(algorithm, plan, sendbuf, recvbuf, count, red, comm)
+
+
+cdef int _run_composed(int algorithm, const Plan* plan, const void* sendbuf, char* recvbuf,
+                       int64_t count, const Reduction* red, MPI_Comm comm) except -1:
+    """An algorithm of algorithms.h (or the MPI's call over a 16-bit wire), in place."""
+    global fr_thread_mpi_calls
+    cdef fr_combine c
+    c.datatype, c.op, c.itemsize = red.datatype, red.op, red.itemsize
+    c.wire, c.opcode = red.wire, red.opcode
+    c.wire_datatype, c.wire_op = red.wire_datatype, red.wire_op
+    cdef int ierr
+    with nogil:
+        if sendbuf != MPI_IN_PLACE:
+            memcpy(recvbuf, sendbuf, count * red.itemsize)
+        fr_thread_mpi_calls += 1
+        ierr = fr_allreduce_by(algorithm, recvbuf, count, &c, comm, plan.local, plan.leaders,
+                               plan.piece_bytes)
+    CHKERR(ierr)
+    return _divide(recvbuf, count, red, comm)
+
+
+cdef int _divide(char* recvbuf, int64_t count, const Reduction* red, MPI_Comm comm) except -1:
+    """avg: the sum divided by the communicator's size."""
+    cdef int size = 1
+    if red.divide_kind >= 0:
+        CHKERR(MPI_Comm_size(comm, &size))
+        with nogil:
+            fr_divide(recvbuf, count, red.divide_kind, size)
+    return 0
+
+
+cdef int _run_mpi(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
+                  MPI_Comm comm, int64_t segment_bytes) except -1:
     """MPI_Allreduce of `count` elements, then avg: one call, or one per segment (large
     messages; faster than one call), or per int-sized chunk / large-count past INT_MAX."""
     global fr_thread_mpi_calls
     cdef int ierr = MPI_SUCCESS
-    cdef int size = 1
     cdef int64_t limit = _step(count, red.itemsize, segment_bytes)
     cdef int64_t offset = 0
     cdef int64_t n
@@ -69,11 +133,7 @@ cdef int _run_in(const void* sendbuf, char* recvbuf, int64_t count, const Reduct
                     recvbuf + offset * stride, <int>n, red.datatype, red.op, comm)
                 offset += n
     CHKERR(ierr)
-    if red.divide_kind >= 0:
-        CHKERR(MPI_Comm_size(comm, &size))
-        with nogil:
-            fr_divide(recvbuf, count, red.divide_kind, size)
-    return 0
+    return _divide(recvbuf, count, red, comm)
 
 
 def _set_count_limit(int64_t limit) -> int:
@@ -101,13 +161,19 @@ def segment_bytes() -> int:
 
 
 def set_segment_bytes(int64_t nbytes) -> int:
-    """Set segment_bytes() on this rank (0: off); the same on every rank. Returns the old."""
-    global _segment_bytes
+    """Pin segment_bytes() on this rank (0: off) for every communicator, instead of each
+    one's plan; the same on every rank. Returns the old."""
+    global _segment_bytes, _segment_pinned
     if nbytes < 0:
         raise ValueError(f"fastreduce: segment size {nbytes}: give 0 (one MPI call per "
                          f"all-reduce) or a positive number of bytes")
-    old, _segment_bytes = _segment_bytes, nbytes
+    old, _segment_bytes, _segment_pinned = _segment_bytes, nbytes, True
     return old
+
+
+def segment_bytes_pinned() -> bool:
+    """Whether segment_bytes() holds for every communicator (else each plan decides)."""
+    return _segment_pinned
 
 
 def _mpi_call_count() -> int:
@@ -126,7 +192,8 @@ def _call_plan(int64_t count, int itemsize) -> list:
 
 
 cdef int64_t segment_bytes_now() noexcept nogil:
-    return _segment_bytes
+    """The pinned segment size, or -1: each communicator's plan decides."""
+    return _segment_bytes if _segment_pinned else -1
 
 
 cdef int64_t count_limit() noexcept nogil:

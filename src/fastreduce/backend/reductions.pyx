@@ -12,6 +12,12 @@ from .libmpi cimport *
 
 from libc.stdint cimport uint16_t
 
+cdef extern from "algorithms.h" nogil:
+    enum:
+        FR_WIRE_NONE
+        FR_WIRE_F16
+        FR_WIRE_BF16
+
 cdef extern from "halfops.h" nogil:
     MPI_User_function fr_f16_sum
     MPI_User_function fr_f16_prod
@@ -127,7 +133,9 @@ def half_precision_paths() -> dict:
 cdef void _define(int kind, int op, MPI_Datatype datatype, MPI_Op mpi_op, int itemsize,
                   bint predefined) noexcept:
     _table[kind][op] = Reduction(datatype=datatype, op=mpi_op, itemsize=itemsize,
-                                 divide_kind=-1, predefined=predefined)
+                                 divide_kind=-1, predefined=predefined, opcode=op,
+                                 wire=FR_WIRE_NONE, wire_datatype=MPI_DATATYPE_NULL,
+                                 wire_op=MPI_OP_NULL)
 
 
 cdef void _set_kind(int kind, MPI_Datatype datatype, int itemsize, int divide_kind,
@@ -140,6 +148,7 @@ cdef void _set_kind(int kind, MPI_Datatype datatype, int itemsize, int divide_ki
     if divide_kind >= 0:
         _table[kind][<int>OP_AVG] = _table[kind][<int>OP_SUM]
         _table[kind][<int>OP_AVG].divide_kind = divide_kind
+        _table[kind][<int>OP_AVG].opcode = OP_SUM
 
 
 cdef MPI_Op _predefined(int code) noexcept:
@@ -234,7 +243,50 @@ cdef void _set_half_kind(int kind, MPI_Datatype mpix, str mpix_name, int divide_
             paths.append(f"{OP_NAMES[codes[i]]}: fastreduce op")
     _table[kind][<int>OP_AVG] = _table[kind][<int>OP_SUM]
     _table[kind][<int>OP_AVG].divide_kind = divide_kind
+    _table[kind][<int>OP_AVG].opcode = OP_SUM
     _half_paths[KIND_NAMES[kind]] = ", ".join(paths)
+    _set_compressed(FR_WIRE_BF16 if is_bf16 else FR_WIRE_F16, kind)
+
+
+# float32 reductions sent as 16 bits: [wire - 1][op], made with the 16-bit kinds
+cdef Reduction _compressed[2][NOPS]
+
+
+cdef void _set_compressed(int wire, int half_kind) noexcept:
+    cdef int code
+    cdef int f32 = KIND_FLOAT32
+    for code in range(NOPS):
+        _compressed[wire - 1][code] = _table[f32][code]
+        _compressed[wire - 1][code].wire = wire
+        _compressed[wire - 1][code].wire_datatype = _table[half_kind][code].datatype
+        _compressed[wire - 1][code].wire_op = _table[half_kind][code].op
+        _compressed[wire - 1][code].predefined = False  # the 16-bit copy is fastreduce's
+
+
+COMPRESSIONS = {None: FR_WIRE_NONE, "none": FR_WIRE_NONE, "bf16": FR_WIRE_BF16,
+                "bfloat16": FR_WIRE_BF16, "fp16": FR_WIRE_F16, "float16": FR_WIRE_F16}
+
+
+cdef int compression_code(object compression) except -1:
+    """FR_WIRE_* of a compression name (None, "none", "bf16", "fp16")."""
+    if compression is None:
+        return FR_WIRE_NONE
+    code = COMPRESSIONS.get(compression.lower() if isinstance(compression, str) else None)
+    if code is None:
+        raise ValueError(f"fastreduce: compression {compression!r}: use None, 'bf16' or "
+                         f"'fp16' (float32 data sent as bfloat16 or float16)")
+    return code
+
+
+cdef const Reduction* get_compressed(const Reduction* red, int kind, int op,
+                                     int wire) except NULL:
+    """`red` sent over a 16-bit wire: float32 only (16-bit floats are sent as they are)."""
+    if wire == FR_WIRE_NONE or kind == KIND_FLOAT16 or kind == KIND_BFLOAT16:
+        return red
+    if kind != KIND_FLOAT32:
+        raise ValueError(f"fastreduce: compression applies to float32 data, not "
+                         f"{KIND_NAMES[kind]}; pass compression=None for this tensor")
+    return &_compressed[wire - 1][op]
 
 
 cdef tuple _INT_OPS = (OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR)

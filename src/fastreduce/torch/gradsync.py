@@ -41,10 +41,12 @@ class _Bucket:
 
 
 class GradientSync:
-    """Average (or sum) the gradients of `module` over `comm` in buckets of `bucket_mb` MiB."""
+    """Average (or sum) the gradients of `module` over `comm` in buckets of `bucket_mb` MiB;
+    compression "bf16" or "fp16" sends float32 gradients as 16 bits."""
 
     def __init__(self, module: torch.nn.Module, *, comm: MPI.Intracomm | None = None,
-                 bucket_mb: float = 25, op: str = "avg", broadcast_parameters: bool = True):
+                 bucket_mb: float = 25, op: str = "avg", broadcast_parameters: bool = True,
+                 compression: str | None = None):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"fastreduce: GradientSync needs a torch.nn.Module, not "
                             f"{type(module).__qualname__}")
@@ -52,6 +54,9 @@ class GradientSync:
             raise ValueError(f"fastreduce: bucket_mb must be positive, not {bucket_mb!r}")
         if op not in ("avg", "sum"):
             raise ValueError(f"fastreduce: GradientSync op must be 'avg' or 'sum', not {op!r}")
+        if compression not in (None, "none", "bf16", "fp16"):
+            raise ValueError(f"fastreduce: GradientSync compression {compression!r}: use None, "
+                             f"'bf16' or 'fp16' (float32 gradients sent as 16 bits)")
         params = list(module.parameters())
         if not params:
             raise ValueError("fastreduce: the module has no parameters to synchronise")
@@ -62,6 +67,7 @@ class GradientSync:
         self.module = module
         self.comm = default_comm() if comm is None else comm
         self.op = op
+        self.compression = None if compression == "none" else compression
         self.bucket_bytes = int(bucket_mb * (1 << 20))
         self._buckets = self._make_buckets(trained)
         self._where = {}
@@ -159,7 +165,8 @@ class GradientSync:
             for i in range(len(bucket.params)):
                 if i not in bucket.ready:  # no gradient this step: contribute zeros
                     bucket.views[i].zero_()
-        bucket.request = iallreduce_(bucket.flat, self.op, comm=self.comm)
+        wire = self.compression if bucket.flat.dtype == torch.float32 else None
+        bucket.request = iallreduce_(bucket.flat, self.op, comm=self.comm, compression=wire)
         self._next = b + 1
 
     def _progress(self) -> None:

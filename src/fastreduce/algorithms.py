@@ -1,0 +1,169 @@
+"""Which all-reduce algorithm a host message takes, per communicator and size.
+
+The compiled core has four (``backend/algorithms.h``): ``mpi`` (the MPI library's own
+MPI_Allreduce, in segments), ``ring`` (reduce-scatter then all-gather with point-to-point
+messages, both directions of every link busy), ``rsag`` (MPI_Reduce_scatter_block +
+MPI_Allgather) and ``hierarchical`` (MPI_Reduce to one leader per node, the ring between
+the leaders, MPI_Bcast in the node). ``FASTREDUCE_ALGORITHM`` picks one for every size, or
+``auto`` (the default) follows a size table: pinned by ``FASTREDUCE_ALGORITHM_TABLE``,
+else derived from the communicator's nodes:
+
+- one node: ``mpi`` at every size (shared memory: the library's call is fastest);
+- several nodes of one rank each: ``mpi`` below `NETWORK_FROM`, ``ring`` from there;
+- several nodes, some with several ranks: ``mpi`` below `NETWORK_FROM`, ``hierarchical``.
+
+Across nodes the ``mpi`` algorithm's segments are off (one call per message): a segment
+costs a round trip of the network. `agree` runs at a communicator's first all-reduce
+(collective): every rank must make the same MPI calls, so a difference in the settings
+raises on every rank.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from . import settings, watchdog
+from .backend import algochoice, reduce
+from .gpupath import PathTable
+
+__all__ = ["ALGORITHMS", "NETWORK_FROM", "PIECE_BYTES", "AlgorithmTable", "agree",
+           "algorithm_mode", "pinned_table", "plan", "set_algorithm", "set_algorithm_table"]
+
+ALGORITHMS = ("mpi", "ring", "rsag", "hierarchical")
+MODES = ("auto", *ALGORITHMS)
+# From this size up, a message between nodes takes the ring (or hierarchical) algorithm:
+# below it the MPI's latency-bound algorithms are as fast (bench/algorithm_bench.py).
+NETWORK_FROM = 256 << 10
+# The ring's message pieces on one node: a received piece is combined while the next ones
+# arrive. Across nodes each block goes in one message: every message costs the MPI's
+# rendezvous round trip, which waits behind the data queued on the link.
+PIECE_BYTES = 1 << 20
+
+
+class AlgorithmTable(PathTable):
+    """Which algorithm a host all-reduce of each size takes: (from bytes, algorithm) steps."""
+
+    CHOICES = ALGORITHMS
+    WHAT = "algorithm table"
+    SETTING = "FASTREDUCE_ALGORITHM_TABLE"
+    EXAMPLE = "0:mpi,256KiB:ring"
+    STEP = "SIZE:ALGORITHM"
+
+
+_override_mode: str | None = None
+_override_table: AlgorithmTable | None = None
+_override_table_set = False
+
+
+def algorithm_mode() -> str:
+    """auto, or the algorithm every size takes (set_algorithm, else FASTREDUCE_ALGORITHM)."""
+    if _override_mode is not None:
+        return _override_mode
+    return settings.value("FASTREDUCE_ALGORITHM")
+
+
+def pinned_table() -> AlgorithmTable | None:
+    """auto mode's pinned table (set_algorithm_table, else FASTREDUCE_ALGORITHM_TABLE)."""
+    if _override_table_set:
+        return _override_table
+    text = settings.value("FASTREDUCE_ALGORITHM_TABLE")
+    return AlgorithmTable.parse(text, "FASTREDUCE_ALGORITHM_TABLE") if text else None
+
+
+def set_algorithm(mode: str | None) -> None:
+    """Use `mode` (auto, mpi, ring, rsag, hierarchical) from the next all-reduce on, on this
+    rank (give every rank the same); None: back to FASTREDUCE_ALGORITHM."""
+    global _override_mode
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"fastreduce: algorithm {mode!r}: use one of {', '.join(MODES)}")
+    _override_mode = mode
+    algochoice.forget()
+
+
+def set_algorithm_table(table: str | AlgorithmTable | None) -> None:
+    """Pin auto mode's size table ("0:mpi,256KiB:ring") on this rank (give every rank the
+    same); None: back to FASTREDUCE_ALGORITHM_TABLE."""
+    global _override_table, _override_table_set
+    if isinstance(table, str):
+        table = AlgorithmTable.parse(table, "set_algorithm_table()")
+    _override_table, _override_table_set = table, table is not None
+    algochoice.forget()
+
+
+def agree(comm) -> dict:
+    """What every rank of comm agreed on: the size table, segments, node communicators.
+
+    Collective. A bad or different setting on any rank raises ValueError on every rank.
+    """
+    try:
+        mode = algorithm_mode()
+        pinned = pinned_table() if mode == "auto" else None
+        mine, error = (mode, pinned.spec() if pinned else "from the nodes"), None
+    except ValueError as exc:
+        mine, error = None, str(exc)
+    size = comm.Get_size()
+    with watchdog.recorded("algorithm agreement (MPI_Comm_split_type, MPI_Allgather)", comm):
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, comm.Get_rank()) if size > 1 else None
+        leads = local is None or local.Get_rank() == 0
+        everyone = comm.allgather((mine, error, (local.Get_size() if local else 1, leads)))
+    try:
+        _check(everyone, error)
+    except ValueError:
+        if local is not None:
+            local.Free()
+        raise
+    nodes = sum(1 for _, _, (_, leads) in everyone if leads)
+    most_local = max(n for _, _, (n, _) in everyone)
+    leaders = None
+    if local is not None:
+        with watchdog.recorded("algorithm agreement: the nodes' leaders (MPI_Comm_split)", comm):
+            leaders = comm.Split(0 if local.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
+        if leaders == MPI.COMM_NULL:
+            leaders = None
+        if local.Get_size() == size:  # one node: nothing to split
+            local.Free()
+            local = None
+            if leaders is not None:
+                leaders.Free()
+                leaders = None
+    return {"steps": _steps(mode, pinned, nodes, most_local),
+            "segment_bytes": (reduce.DEFAULT_SEGMENT_BYTES if nodes <= 1 else 0),
+            "piece_bytes": PIECE_BYTES if nodes <= 1 else 0, "local": local, "leaders": leaders}
+
+
+def _steps(mode: str, pinned: AlgorithmTable | None, nodes: int, most_local: int) -> tuple:
+    if mode != "auto":
+        return ((0, mode),)
+    if pinned is not None:
+        return pinned.steps
+    if nodes <= 1:
+        return ((0, "mpi"),)
+    return ((0, "mpi"), (NETWORK_FROM, "ring" if most_local == 1 else "hierarchical"))
+
+
+def _check(everyone: list, error: str | None) -> None:
+    failed = [(rank, err) for rank, (_, err, _) in enumerate(everyone) if err]
+    if error:
+        raise ValueError(error)
+    if failed:
+        raise ValueError(f"fastreduce: rank {failed[0][0]} of this communicator has a bad "
+                         f"algorithm setting ({failed[0][1]})")
+    if len({m for m, _, _ in everyone}) > 1:
+        by_setting: dict = {}
+        for rank, (m, _, _) in enumerate(everyone):
+            by_setting.setdefault(m, []).append(rank)
+        said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r[:8]))}"
+                         f"{'...' if len(r) > 8 else ''}: algorithm {m[0]}, table {m[1]}"
+                         for m, r in by_setting.items())
+        raise ValueError(
+            f"fastreduce: the ranks of this communicator disagree on the all-reduce algorithm, "
+            f"which decides the MPI calls each one makes ({said}); give every rank the same "
+            f"FASTREDUCE_ALGORITHM and FASTREDUCE_ALGORITHM_TABLE (and set_algorithm* calls)")
+
+
+def plan(comm=None) -> dict:
+    """The communicator's agreed plan (collective at its first all-reduce): its size table,
+    the MPI call's segment size and the ring's piece size."""
+    from .backend import collectives
+
+    return algochoice.plan(collectives.default_comm() if comm is None else comm)

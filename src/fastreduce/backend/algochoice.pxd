@@ -1,0 +1,22 @@
+# The all-reduce algorithm each communicator uses, by message size (see algochoice.pyx).
+
+from libc.stdint cimport int64_t
+
+from .libmpi cimport MPI_Comm
+
+cdef enum:
+    MAX_ALGORITHM_STEPS = 32
+
+ctypedef struct Plan:
+    # What the ranks of one communicator agreed on, for one generation of the settings.
+    int64_t generation
+    int nsteps                             # the size table:
+    int64_t start[MAX_ALGORITHM_STEPS]     # from this many bytes up ...
+    int algorithm[MAX_ALGORITHM_STEPS]     # ... this FR_ALGO_*, up to the next step's start
+    int64_t segment_bytes   # the mpi algorithm's segments unless FASTREDUCE_SEGMENT_BYTES
+    int64_t piece_bytes     # the ring's message pieces
+    MPI_Comm local          # this rank's node (MPI_COMM_NULL: not made)
+    MPI_Comm leaders        # one rank per node (MPI_COMM_NULL on the others)
+
+cdef const Plan* plan_for(MPI_Comm handle) except NULL
+cdef int choose_algorithm(const Plan* plan, int64_t nbytes) noexcept nogil

@@ -1,0 +1,141 @@
+"""The per-call choice of an all-reduce algorithm for host memory.
+
+The algorithm decides which MPI calls each rank makes, so every rank of a communicator
+must reach the same one. The first all-reduce on each communicator therefore agrees on the
+settings with the other ranks and learns the communicator's nodes (collective: the
+`agreement` installed at set-up, fastreduce.algorithms.agree); the resulting size table,
+the node-local and leaders' communicators are kept in an MPI attribute of the
+communicator, so later calls cost one attribute look-up and a table walk. Changing a
+setting (forget()) makes each communicator agree again at its next call.
+"""
+
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
+
+from mpi4py cimport MPI
+
+from .mpierrors cimport CHKERR
+from .libmpi cimport *
+
+cdef extern from "algorithms.h" nogil:
+    enum:
+        FR_ALGO_MPI
+        FR_ALGO_RING
+        FR_ALGO_RSAG
+        FR_ALGO_HIERARCHICAL
+
+ALGORITHMS = {"mpi": FR_ALGO_MPI, "ring": FR_ALGO_RING, "rsag": FR_ALGO_RSAG,
+              "hierarchical": FR_ALGO_HIERARCHICAL}
+_NAMES = {code: name for name, code in ALGORITHMS.items()}
+
+cdef int64_t _generation = 1     # bumped by forget(): every communicator agrees again
+cdef int _keyval = MPI_KEYVAL_INVALID
+_agreement = None  # set-up's callable: comm -> dict every rank agrees on (see set_agreement)
+
+
+cdef int _free_plan(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
+    cdef Plan* plan = <Plan*>value
+    if plan.local != MPI_COMM_NULL:
+        MPI_Comm_free(&plan.local)
+    if plan.leaders != MPI_COMM_NULL:
+        MPI_Comm_free(&plan.leaders)
+    free(value)
+    return MPI_SUCCESS
+
+
+def set_agreement(agreement) -> None:
+    """Install `agreement(comm)`, the collective that returns what every rank of comm agreed
+    on: {"steps": ((start bytes, algorithm name), ...), "segment_bytes", "piece_bytes",
+    "local": node communicator or None, "leaders": leaders' communicator or None}; the
+    communicators become the plan's (freed with comm). Asked at a communicator's first
+    all-reduce and again after forget()."""
+    global _agreement
+    _agreement = agreement
+    forget()
+
+
+def forget() -> None:
+    """Settings changed: each communicator agrees on them again at its next all-reduce."""
+    global _generation
+    _generation += 1
+
+
+cdef MPI_Comm _take(object comm) noexcept:
+    """The handle of an mpi4py communicator made for a plan (None: MPI_COMM_NULL)."""
+    if comm is None:
+        return MPI_COMM_NULL
+    return (<MPI.Comm>comm).ob_mpi
+
+
+cdef Plan* _new_plan(dict agreed) except NULL:
+    steps = agreed["steps"]
+    if not 1 <= len(steps) <= MAX_ALGORITHM_STEPS:
+        raise ValueError(f"fastreduce: an algorithm table has 1 to {MAX_ALGORITHM_STEPS} "
+                         f"steps, not {len(steps)}")
+    cdef Plan* plan = <Plan*>malloc(sizeof(Plan))
+    if plan == NULL:
+        raise MemoryError("fastreduce: out of memory for an algorithm table")
+    plan.generation = _generation
+    plan.nsteps = len(steps)
+    for i, (start, name) in enumerate(steps):
+        plan.start[i] = start
+        plan.algorithm[i] = ALGORITHMS[name]
+    plan.segment_bytes = agreed["segment_bytes"]
+    plan.piece_bytes = agreed["piece_bytes"]
+    plan.local = _take(agreed["local"])
+    plan.leaders = _take(agreed["leaders"])
+    return plan
+
+
+cdef const Plan* plan_for(MPI_Comm handle) except NULL:
+    """The communicator's plan: its attribute, else agreed now (collective)."""
+    global _keyval
+    cdef void* value = NULL
+    cdef int found = 0
+    if _keyval == MPI_KEYVAL_INVALID:
+        CHKERR(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, _free_plan, &_keyval, NULL))
+    CHKERR(MPI_Comm_get_attr(handle, _keyval, &value, &found))
+    if found and (<Plan*>value).generation == _generation:
+        return <const Plan*>value
+    if _agreement is None:
+        raise RuntimeError("fastreduce: no algorithm agreement installed "
+                           "(algochoice.set_agreement)")
+    cdef MPI.Intracomm comm = MPI.Intracomm.__new__(MPI.Intracomm)
+    comm.ob_mpi = handle  # a view of the handle: not freed with this object
+    agreed = _agreement(comm)
+    cdef Plan* plan = _new_plan(agreed)
+    cdef int ierr = MPI_Comm_set_attr(handle, _keyval, plan)  # frees an older plan
+    if ierr != MPI_SUCCESS:
+        _free_plan(handle, _keyval, plan, NULL)
+        CHKERR(ierr)
+    return plan
+
+
+cdef int choose_algorithm(const Plan* plan, int64_t nbytes) noexcept nogil:
+    """The FR_ALGO_* of the plan's table for a message of nbytes."""
+    cdef int i = plan.nsteps - 1
+    while i > 0 and nbytes < plan.start[i]:
+        i -= 1
+    return plan.algorithm[i]
+
+
+def plan(comm) -> dict:
+    """The communicator's agreed plan (collective at its first use): the size table, the
+    mpi algorithm's segment size, the ring's piece size, and whether node communicators
+    were made."""
+    cdef const Plan* p = plan_for(<MPI_Comm>(<MPI.Comm>comm).ob_mpi)
+    cdef int i
+    steps = []
+    for i in range(p.nsteps):
+        steps.append((p.start[i], _NAMES[p.algorithm[i]]))
+    return {
+        "steps": tuple(steps),
+        "segment_bytes": p.segment_bytes,
+        "piece_bytes": p.piece_bytes,
+        "nodes_known": p.local != MPI_COMM_NULL,
+    }
+
+
+def choose(comm, int64_t nbytes) -> str:
+    """The algorithm an all-reduce of nbytes on comm uses (collective at first use)."""
+    return _NAMES[choose_algorithm(plan_for(<MPI_Comm>(<MPI.Comm>comm).ob_mpi), nbytes)]
