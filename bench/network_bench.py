@@ -7,7 +7,9 @@ venv: bench/allreduce_bench.py from 1 MiB to 64 MiB on 2 nodes x 1 rank and 2 no
 ranks, with FASTREDUCE_ALGORITHM=mpi (the MPI library's call, as before the algorithms)
 and auto (fastreduce's choice), gloo in the same jobs; then bench/gradsync_bench.py
 --network on 2 nodes x 1 rank (GradientSync with and without bf16 compression against DDP
-on gloo, with and without its bf16_compress_hook). Output and JSON in bench/results/.
+on gloo, with and without a bf16 compression hook). Output and JSON in bench/results/.
+--tcp-links N gives Open MPI N TCP connections per peer (OMPI_MCA_btl_tcp_links): one
+connection carrying both directions is held to about half the link (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -43,34 +45,40 @@ def run(cluster, mpi: str, nprocs: int, per_node: int, argv: list[str], env: dic
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mpis", default="openmpi,mpich")
-    parser.add_argument("--link", default="1gbit")
+    parser.add_argument("--link", default="1gbit", help="a rate (1gbit), or unshaped")
     parser.add_argument("--layouts", default="2x1,2x2")
     parser.add_argument("--algorithms", default="mpi,auto")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
                         help="also the training steps (gradsync_bench.py --network)")
     parser.add_argument("--timeout", type=float, default=900, help="per job, seconds")
+    parser.add_argument("--tcp-links", type=int, default=0,
+                        help="Open MPI's TCP connections per peer (OMPI_MCA_btl_tcp_links; "
+                             "0: the MPI's default, 1)")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
+    base = {"OMPI_MCA_btl_tcp_links": str(args.tcp_links)} if args.tcp_links else {}
+    link = args.link + (f"-links{args.tcp_links}" if args.tcp_links else "")
     remove("frn")
-    cluster = Cluster.up(2, link=args.link, name="frn", subnet="10.77.96.0/24")
+    cluster = Cluster.up(2, link=None if args.link == "unshaped" else args.link, name="frn",
+                         subnet="10.77.96.0/24")
     try:
         for mpi in args.mpis.split(","):
             for layout in args.layouts.split(","):
                 nprocs, per_node = LAYOUTS[layout]
                 for algorithm in args.algorithms.split(","):
-                    label = f"{mpi}-{layout}-{args.link}-{algorithm}"
+                    label = f"{mpi}-{layout}-{link}-{algorithm}"
                     run(cluster, mpi, nprocs, per_node,
                         [str(HERE / "allreduce_bench.py"), "-b", "1M", "-e", "64M", "--gloo",
                          "--columns", "fr_ torch,gloo", "--repeat", str(args.repeat),
                          "--max-seconds", "2", "--json", str(RESULTS / f"network-{label}.json")],
-                        {"FASTREDUCE_ALGORITHM": algorithm}, label, args.timeout)
+                        {**base, "FASTREDUCE_ALGORITHM": algorithm}, label, args.timeout)
             if args.steps:
-                label = f"{mpi}-2x1-{args.link}-steps"
+                label = f"{mpi}-2x1-{link}-steps"
                 run(cluster, mpi, 2, 1,
                     [str(HERE / "gradsync_bench.py"), "--network", "--repeat",
                      str(args.repeat), "--json", str(RESULTS / f"network-{label}.json")],
-                    {}, label, args.timeout)
+                    base, label, args.timeout)
     finally:
         cluster.down()
     return 0

@@ -14,11 +14,13 @@ from . import _abi
 _abi.check()  # before any MPI call through a possibly mismatched library
 
 from . import (  # noqa: E402, F401  (fastreduce.runtime without an import)
+    algorithms,
     configure,
     runtime,
     watchdog,
 )
 from ._version import __version__  # noqa: E402
+from .algorithms import set_algorithm  # noqa: E402
 from .backend.buffer import result_cache_info, set_result_cache_limit  # noqa: E402
 from .backend.collectives import (  # noqa: E402
     HAVE_LARGE_COUNT,
@@ -89,6 +91,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "result_cache_info",
+    "set_algorithm",
     "set_cuda_aware",
     "set_debug",
     "set_timeout",

@@ -114,21 +114,21 @@ def agree(comm) -> dict:
         raise
     nodes = sum(1 for _, _, (_, leads) in everyone if leads)
     most_local = max(n for _, _, (n, _) in everyone)
-    leaders = None
-    if local is not None:
+    leaders = cross = None
+    if local is not None and nodes > 1:
         with watchdog.recorded("algorithm agreement: the nodes' leaders (MPI_Comm_split)", comm):
             leaders = comm.Split(0 if local.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
+            if most_local > 1 and len({n for _, _, (n, _) in everyone}) == 1:
+                cross = comm.Split(local.Get_rank(), comm.Get_rank())  # equal nodes
         if leaders == MPI.COMM_NULL:
             leaders = None
-        if local.Get_size() == size:  # one node: nothing to split
-            local.Free()
-            local = None
-            if leaders is not None:
-                leaders.Free()
-                leaders = None
+    elif local is not None:  # one node: nothing to split
+        local.Free()
+        local = None
     return {"steps": _steps(mode, pinned, nodes, most_local),
             "segment_bytes": (reduce.DEFAULT_SEGMENT_BYTES if nodes <= 1 else 0),
-            "piece_bytes": PIECE_BYTES if nodes <= 1 else 0, "local": local, "leaders": leaders}
+            "piece_bytes": PIECE_BYTES if nodes <= 1 else 0,
+            "local": local, "leaders": leaders, "cross": cross}
 
 
 def _steps(mode: str, pinned: AlgorithmTable | None, nodes: int, most_local: int) -> tuple:

@@ -17,6 +17,7 @@ ctypedef struct Plan:
     int64_t piece_bytes     # the ring's message pieces
     MPI_Comm local          # this rank's node (MPI_COMM_NULL: not made)
     MPI_Comm leaders        # one rank per node (MPI_COMM_NULL on the others)
+    MPI_Comm cross          # the ranks of this local rank on every node (equal nodes only)
 
 cdef const Plan* plan_for(MPI_Comm handle) except NULL
 cdef int choose_algorithm(const Plan* plan, int64_t nbytes) noexcept nogil

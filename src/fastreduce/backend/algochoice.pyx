@@ -39,6 +39,8 @@ cdef int _free_plan(MPI_Comm comm, int keyval, void* value, void* extra) noexcep
         MPI_Comm_free(&plan.local)
     if plan.leaders != MPI_COMM_NULL:
         MPI_Comm_free(&plan.leaders)
+    if plan.cross != MPI_COMM_NULL:
+        MPI_Comm_free(&plan.cross)
     free(value)
     return MPI_SUCCESS
 
@@ -46,7 +48,8 @@ cdef int _free_plan(MPI_Comm comm, int keyval, void* value, void* extra) noexcep
 def set_agreement(agreement) -> None:
     """Install `agreement(comm)`, the collective that returns what every rank of comm agreed
     on: {"steps": ((start bytes, algorithm name), ...), "segment_bytes", "piece_bytes",
-    "local": node communicator or None, "leaders": leaders' communicator or None}; the
+    "local": node communicator or None, "leaders": leaders' communicator or None,
+    "cross": the communicator of this local rank on every node, or None}; the
     communicators become the plan's (freed with comm). Asked at a communicator's first
     all-reduce and again after forget()."""
     global _agreement
@@ -84,6 +87,7 @@ cdef Plan* _new_plan(dict agreed) except NULL:
     plan.piece_bytes = agreed["piece_bytes"]
     plan.local = _take(agreed["local"])
     plan.leaders = _take(agreed["leaders"])
+    plan.cross = _take(agreed["cross"])
     return plan
 
 

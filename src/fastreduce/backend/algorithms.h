@@ -10,8 +10,12 @@
  *                 arrive. With a 16-bit wire, float32 data is sent as float16/bfloat16 and
  *                 accumulated in float32.
  *   rsag          MPI_Reduce_scatter_block then MPI_Allgather (the MPI's own algorithms).
- *   hierarchical  MPI_Reduce to one leader per node, the ring between the leaders,
- *                 MPI_Bcast inside the node.
+ *   hierarchical  where every node has the same number of ranks: MPI_Reduce_scatter
+ *                 inside the node, the ring of each shard between the ranks with the
+ *                 same local rank, MPI_Allgatherv inside the node (every rank works and
+ *                 every pair of nodes has as many connections as ranks per node);
+ *                 otherwise MPI_Reduce to one leader per node, the ring between the
+ *                 leaders, MPI_Bcast inside the node.
  *   mpi, with a 16-bit wire: the data narrowed, MPI_Allreduce of the 16-bit values with
  *                 their reduction, widened back.
  */
@@ -283,6 +287,39 @@ static int fr_hierarchical_allreduce(char *buf, int64_t count, const fr_combine 
   return ierr;
 }
 
+/* Every local rank owns a shard: reduce-scatter inside the node, the ring of each shard
+ * between the ranks of the same local rank on every node (cross), all-gather inside the
+ * node. Every node must have the same number of ranks. */
+static int fr_sharded_allreduce(char *buf, int64_t count, const fr_combine *c, MPI_Comm local,
+                                MPI_Comm cross, int64_t piece_bytes)
+{
+  int local_rank, local_size, ierr, i;
+  int *counts, *displs;
+  int64_t isz = c->itemsize, off, len;
+  if ((ierr = MPI_Comm_rank(local, &local_rank)) != MPI_SUCCESS) return ierr;
+  if ((ierr = MPI_Comm_size(local, &local_size)) != MPI_SUCCESS) return ierr;
+  counts = (int *)malloc(2 * sizeof(int) * (size_t)local_size);
+  if (counts == NULL) return MPI_ERR_NO_MEM;
+  displs = counts + local_size;
+  for (i = 0; i < local_size; i++) {
+    counts[i] = (int)fr_block_length(count, local_size, i);
+    displs[i] = (int)fr_block_offset(count, local_size, i);
+  }
+  off = fr_block_offset(count, local_size, local_rank);
+  len = fr_block_length(count, local_size, local_rank);
+  ierr = MPI_Reduce_scatter(MPI_IN_PLACE, buf, counts, c->datatype, c->op, local);
+  if (ierr == MPI_SUCCESS) {
+    /* the shard arrives at the start of buf; the all-gather wants it at its place */
+    memmove(buf + off * isz, buf, (size_t)(len * isz));
+    ierr = fr_ring_allreduce(buf + off * isz, len, c, cross, piece_bytes);
+  }
+  if (ierr == MPI_SUCCESS)
+    ierr = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs,
+                          c->datatype, local);
+  free(counts);
+  return ierr;
+}
+
 /* mpi or rsag with a 16-bit wire: narrow, reduce the 16-bit values, widen. */
 static int fr_wire_allreduce(char *buf, int64_t count, const fr_combine *c, MPI_Comm comm,
                              int algorithm)
@@ -303,14 +340,18 @@ static int fr_wire_allreduce(char *buf, int64_t count, const fr_combine *c, MPI_
 /* The all-reduce of `count` elements of buf, in place, by `algorithm` (not plain mpi
  * without a wire: the caller segments that one itself). */
 static int fr_allreduce_by(int algorithm, char *buf, int64_t count, const fr_combine *c,
-                           MPI_Comm comm, MPI_Comm local, MPI_Comm leaders,
+                           MPI_Comm comm, MPI_Comm local, MPI_Comm leaders, MPI_Comm cross,
                            int64_t piece_bytes)
 {
+  int local_size = 1;
   switch (algorithm) {
     case FR_ALGO_RING:
       return fr_ring_allreduce(buf, count, c, comm, piece_bytes);
     case FR_ALGO_HIERARCHICAL:
       if (local == MPI_COMM_NULL) return fr_ring_allreduce(buf, count, c, comm, piece_bytes);
+      if (cross != MPI_COMM_NULL && MPI_Comm_size(local, &local_size) == MPI_SUCCESS
+          && count >= local_size && count / local_size < INT_MAX)
+        return fr_sharded_allreduce(buf, count, c, local, cross, piece_bytes);
       return fr_hierarchical_allreduce(buf, count, c, local, leaders, piece_bytes);
     case FR_ALGO_RSAG:
       if (c->wire != FR_WIRE_NONE) return fr_wire_allreduce(buf, count, c, comm, FR_ALGO_RSAG);

@@ -30,7 +30,7 @@ cdef extern from "algorithms.h" nogil:
         MPI_Datatype wire_datatype
         MPI_Op wire_op
     int fr_allreduce_by(int algorithm, char* buf, int64_t count, const fr_combine* c,
-                        MPI_Comm comm, MPI_Comm local, MPI_Comm leaders,
+                        MPI_Comm comm, MPI_Comm local, MPI_Comm leaders, MPI_Comm cross,
                         int64_t piece_bytes)
 
 cdef extern from "halfops.h" nogil:
@@ -92,7 +92,7 @@ cdef int _run_composed(int algorithm, const Plan* plan, const void* sendbuf, cha
             memcpy(recvbuf, sendbuf, count * red.itemsize)
         fr_thread_mpi_calls += 1
         ierr = fr_allreduce_by(algorithm, recvbuf, count, &c, comm, plan.local, plan.leaders,
-                               plan.piece_bytes)
+                               plan.cross, plan.piece_bytes)
     CHKERR(ierr)
     return _divide(recvbuf, count, red, comm)
 

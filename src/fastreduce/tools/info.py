@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
@@ -13,10 +14,10 @@ import mpi4py
 import numpy
 from mpi4py import MPI
 
-from .. import calibration, gpupath, runtime, settings, topology
+from .. import algorithms, calibration, gpupath, runtime, settings, topology
 from .._abi import first_line
 from .._version import __version__
-from ..backend import buffer, collectives, cudart, engine, mpierrors, reductions
+from ..backend import buffer, collectives, cudart, engine, mpierrors, reduce, reductions
 from ..errors import CalibrationError
 from ..sizes import format_size
 
@@ -52,6 +53,14 @@ def collect() -> dict:
     world = MPI.COMM_WORLD
     nodes = topology.gather()
     try:
+        plan = algorithms.plan()
+        steps = ", ".join(f"{name} from {format_size(start)}" if start else name
+                          for start, name in plan["steps"])
+        algorithm = (f"{algorithms.algorithm_mode()}: {steps} (FASTREDUCE_ALGORITHM, "
+                     f"FASTREDUCE_ALGORITHM_TABLE)")
+    except ValueError as exc:  # a bad or disagreeing setting: say which
+        algorithm, plan = str(exc), {"segment_bytes": runtime.segment_bytes()}
+    try:
         paths = gpupath.gpu_path_settings()
     except ValueError as exc:  # a bad setting: say which
         paths = dict.fromkeys(("mode", "device pointers", "size table"), str(exc))
@@ -67,7 +76,10 @@ def collect() -> dict:
         "MPI standard": "{}.{}".format(*MPI.Get_version()),
         "thread level": thread_names.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "large counts": "MPI_Allreduce_c" if collectives.HAVE_LARGE_COUNT else "chunked",
-        "segments": _segments(runtime.segment_bytes()),
+        "algorithm": algorithm,
+        "segments": _segments(runtime.segment_bytes() if reduce.segment_bytes_pinned()
+                              else plan["segment_bytes"]),
+        **_tcp_links(family, nodes),
         "16-bit floats": "; ".join(f"{k}: {v}"
                                    for k, v in reductions.half_precision_paths().items()),
         "CUDA-aware": f"{'yes' if aware else 'no'} ({how})",
@@ -88,6 +100,18 @@ def collect() -> dict:
         **({"topology": "WARNING: processor names and shared-memory groups disagree: "
                         + "; ".join(nodes.problems)} if nodes.problems else {}),
     }
+
+
+def _tcp_links(family: str, nodes) -> dict:
+    """Open MPI across nodes: how many TCP connections join two ranks (one connection
+    carrying both directions of a busy link gets about half of it: docs/cluster.md)."""
+    if family != "Open MPI" or nodes.nodes < 2:
+        return {}
+    links = os.environ.get("OMPI_MCA_btl_tcp_links")
+    if links and links.strip() not in ("", "1"):
+        return {"TCP links": f"{links.strip()} per peer (OMPI_MCA_btl_tcp_links)"}
+    return {"TCP links": "1 per peer: where ranks talk over TCP, set OMPI_MCA_btl_tcp_links=2 "
+                         "(one connection gets about half a busy link both ways)"}
 
 
 def _engine_state() -> str:

@@ -40,6 +40,10 @@ class _Bucket:
     request: object = None
 
 
+# The last bucket's size: its reduction is what remains to do once backward has ended.
+LAST_BUCKET_BYTES = 1 << 20
+
+
 class GradientSync:
     """Average (or sum) the gradients of `module` over `comm` in buckets of `bucket_mb` MiB;
     compression "bf16" or "fp16" sends float32 gradients as 16 bits."""
@@ -83,9 +87,21 @@ class GradientSync:
             self.sync_parameters()
 
     def _make_buckets(self, params: list) -> list[_Bucket]:
-        """Buckets of one dtype and device, filled in reverse registration order (DDP's)."""
+        """Buckets of one dtype and device, filled in reverse registration order (DDP's);
+        the last one, whose reduction is left when backward ends, at most LAST_BUCKET_BYTES
+        (or one parameter)."""
+        last, size = [], 0
+        for p in params:  # the first registered are the last whose gradients arrive
+            nbytes = p.numel() * p.element_size()
+            if last and (size + nbytes > min(LAST_BUCKET_BYTES, self.bucket_bytes)
+                         or p.dtype != last[0].dtype or p.device != last[0].device):
+                break
+            last.append(p)
+            size += nbytes
+        if len(last) == len(params):
+            last = []
         buckets, current, size = [], [], 0
-        for p in reversed(params):
+        for p in reversed(params[len(last):]):
             nbytes = p.numel() * p.element_size()
             same_kind = not current or (p.dtype == current[0].dtype
                                         and p.device == current[0].device)
@@ -96,6 +112,8 @@ class GradientSync:
             size += nbytes
         if current:
             buckets.append(current)
+        if last:
+            buckets.append(last[::-1])
         out = []
         for group in buckets:
             flat = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype,

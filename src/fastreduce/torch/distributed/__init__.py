@@ -34,6 +34,7 @@ if _release(torch.__version__) < (2, 13):
                       f"works with torch 2.4 and newer")
 
 from .groups import _create, process_group  # noqa: E402
+from .hooks import bf16_compression_hook, fp16_compression_hook  # noqa: E402
 from .processgroup import BACKEND, ProcessGroupFastreduce  # noqa: E402
 from .rendezvous import (  # noqa: E402
     _env_or_mpi,
@@ -58,5 +59,5 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["BACKEND", "BackendError", "ProcessGroupFastreduce", "Work", "process_group",
-           "__version__"]
+__all__ = ["BACKEND", "BackendError", "ProcessGroupFastreduce", "Work",
+           "bf16_compression_hook", "fp16_compression_hook", "process_group", "__version__"]
