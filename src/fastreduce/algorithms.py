@@ -10,7 +10,10 @@ else derived from the communicator's nodes:
 
 - one node: ``mpi`` at every size (shared memory: the library's call is fastest);
 - several nodes of one rank each: ``mpi`` below `NETWORK_FROM`, ``ring`` from there;
-- several nodes, some with several ranks: ``mpi`` below `NETWORK_FROM`, ``hierarchical``.
+- several nodes, some with several ranks: ``mpi`` below `NETWORK_FROM`, ``hierarchical``
+  from there; on Open MPI ``mpi`` at every size (its own algorithm spreads the traffic
+  over more TCP connections than the hierarchical ring has, and measured faster: see
+  docs/algorithms.md).
 
 Across nodes the ``mpi`` algorithm's segments are off (one call per message): a segment
 costs a round trip of the network. `agree` runs at a communicator's first all-reduce
@@ -23,7 +26,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from . import settings, watchdog
-from .backend import algochoice, reduce
+from .backend import algochoice, mpierrors, reduce
 from .gpupath import PathTable
 
 __all__ = ["ALGORITHMS", "NETWORK_FROM", "PIECE_BYTES", "AlgorithmTable", "agree",
@@ -138,7 +141,11 @@ def _steps(mode: str, pinned: AlgorithmTable | None, nodes: int, most_local: int
         return pinned.steps
     if nodes <= 1:
         return ((0, "mpi"),)
-    return ((0, "mpi"), (NETWORK_FROM, "ring" if most_local == 1 else "hierarchical"))
+    if most_local == 1:
+        return ((0, "mpi"), (NETWORK_FROM, "ring"))
+    if mpierrors.build_mpi()[0] == "Open MPI":
+        return ((0, "mpi"),)
+    return ((0, "mpi"), (NETWORK_FROM, "hierarchical"))
 
 
 def _check(everyone: list, error: str | None) -> None:
