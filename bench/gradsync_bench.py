@@ -127,8 +127,10 @@ def network_steps(args, comm, floor, results) -> int:
     models["DDP gloo bf16 hook"].register_comm_hook(gloo, bf16_hook)
     models["DDP fastreduce"] = torch.nn.parallel.DistributedDataParallel(
         make_mlp(args.width, args.depth))
-    syncs = {"GradientSync": fastreduce.GradientSync(models["GradientSync"]),
+    syncs = {"GradientSync": fastreduce.GradientSync(models["GradientSync"],
+                                                     bucket_mb=args.bucket_mb),
              "GradientSync bf16": fastreduce.GradientSync(models["GradientSync bf16"],
+                                                          bucket_mb=args.bucket_mb,
                                                           compression="bf16")}
     n_params = sum(q.numel() for q in models["no communication"].parameters())
     grads = np.zeros(n_params, np.float32)
@@ -181,6 +183,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per run")
     parser.add_argument("--json")
+    parser.add_argument("--bucket-mb", type=float, default=25,
+                        help="GradientSync's bucket size with --network")
     parser.add_argument("--network", action="store_true",
                         help="training steps only, with 16-bit compression variants "
                              "(GradientSync bf16, DDP gloo with bf16_compress_hook): for "

@@ -52,6 +52,7 @@ def main() -> int:
     parser.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
                         help="also the training steps (gradsync_bench.py --network)")
     parser.add_argument("--timeout", type=float, default=900, help="per job, seconds")
+    parser.add_argument("--bucket-mb", default="25", help="GradientSync's bucket size")
     parser.add_argument("--tcp-links", type=int, default=0,
                         help="Open MPI's TCP connections per peer (OMPI_MCA_btl_tcp_links; "
                              "0: the MPI's default, 1)")
@@ -64,7 +65,7 @@ def main() -> int:
                          subnet="10.77.96.0/24")
     try:
         for mpi in args.mpis.split(","):
-            for layout in args.layouts.split(","):
+            for layout in filter(None, args.layouts.split(",")):
                 nprocs, per_node = LAYOUTS[layout]
                 for algorithm in args.algorithms.split(","):
                     label = f"{mpi}-{layout}-{link}-{algorithm}"
@@ -77,7 +78,8 @@ def main() -> int:
                 label = f"{mpi}-2x1-{link}-steps"
                 run(cluster, mpi, 2, 1,
                     [str(HERE / "gradsync_bench.py"), "--network", "--repeat",
-                     str(args.repeat), "--json", str(RESULTS / f"network-{label}.json")],
+                     str(args.repeat), "--bucket-mb", args.bucket_mb,
+                     "--json", str(RESULTS / f"network-{label}.json")],
                     base, label, args.timeout)
     finally:
         cluster.down()

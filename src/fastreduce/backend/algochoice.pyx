@@ -30,10 +30,26 @@ _NAMES = {code: name for name, code in ALGORITHMS.items()}
 
 cdef int64_t _generation = 1     # bumped by forget(): every communicator agrees again
 cdef int _keyval = MPI_KEYVAL_INVALID
+
+cdef extern from *:
+    """
+    /* The last (communicator, plan) this thread looked up: the hot path skips the attribute
+     * look-up. Valid while fr_plan_epoch is unchanged (a plan freed or replaced bumps it). */
+    static long long fr_plan_epoch = 0;
+    static __thread long long fr_cached_epoch = -1;
+    static __thread MPI_Comm fr_cached_comm;
+    static __thread void *fr_cached_plan = NULL;
+    """
+    long long fr_plan_epoch
+    long long fr_cached_epoch
+    MPI_Comm fr_cached_comm
+    void* fr_cached_plan
 _agreement = None  # set-up's callable: comm -> dict every rank agrees on (see set_agreement)
 
 
 cdef int _free_plan(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
+    global fr_plan_epoch
+    fr_plan_epoch += 1  # every thread's cached look-up is stale
     cdef Plan* plan = <Plan*>value
     if plan.local != MPI_COMM_NULL:
         MPI_Comm_free(&plan.local)
@@ -59,8 +75,9 @@ def set_agreement(agreement) -> None:
 
 def forget() -> None:
     """Settings changed: each communicator agrees on them again at its next all-reduce."""
-    global _generation
+    global _generation, fr_plan_epoch
     _generation += 1
+    fr_plan_epoch += 1
 
 
 cdef MPI_Comm _take(object comm) noexcept:
@@ -92,7 +109,18 @@ cdef Plan* _new_plan(dict agreed) except NULL:
 
 
 cdef const Plan* plan_for(MPI_Comm handle) except NULL:
-    """The communicator's plan: its attribute, else agreed now (collective)."""
+    """The communicator's plan: this thread's last look-up, its attribute, else agreed now
+    (collective)."""
+    global fr_cached_epoch, fr_cached_comm, fr_cached_plan
+    if fr_cached_epoch == fr_plan_epoch and fr_cached_comm == handle:
+        return <const Plan*>fr_cached_plan
+    cdef const Plan* plan = _look_up(handle)
+    fr_cached_epoch, fr_cached_comm, fr_cached_plan = fr_plan_epoch, handle, <void*>plan
+    return plan
+
+
+cdef const Plan* _look_up(MPI_Comm handle) except NULL:
+    """The communicator's attribute, else a plan agreed now (collective)."""
     global _keyval
     cdef void* value = NULL
     cdef int found = 0
