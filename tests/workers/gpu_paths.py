@@ -156,6 +156,30 @@ for family, (_, _, blocking_ok, nonblocking_ok, half_ok) in FAMILIES.items():
                       and (paths["staged_calls"] > 0) == (not direct),
                       f"{what}: path counters {paths}")
                 check(np.array_equal(result.to_numpy(), want), f"{what}: result")
+
+# --- algorithms and compression: combined on the host, so CUDA memory goes staged -----------
+# (an MPI promising blocking calls on device memory, direct mode: only these force staging)
+use_family("MPICH 4.2")
+for what, algorithm, wire in (("bf16 compression", "mpi", "bf16"),
+                              ("fp16 compression, ring", "ring", "fp16"),
+                              ("ring", "ring", None), ("hierarchical", "hierarchical", None),
+                              ("rsag", "rsag", None)):
+    fastreduce.algorithms.set_algorithm(algorithm)
+    values = np.linspace(-1, 1, 3001, dtype=np.float32) * (rank + 1)
+    want = values.copy()
+    fastreduce.allreduce_(want, compression=wire)
+    for index, (form, call) in enumerate((
+            ("allreduce_", lambda g: fastreduce.allreduce_(g, compression=wire)),
+            ("allreduce", lambda g: fastreduce.allreduce(g, compression=wire)),
+            ("iallreduce_", lambda g: fastreduce.iallreduce_(g, compression=wire).wait()))):
+        g = FakeCudaArray.from_numpy(values)
+        result, log, paths = logged(lambda g=g, call=call: call(g))
+        check(log["allreduce"]["device"] + log["iallreduce"]["device"] == 0
+              and paths["direct_calls"] == 0 and paths["staged_calls"] == 1,
+              f"{what}: {form} on CUDA memory did not go staged: {log} {paths}")
+        check(np.array_equal(result.to_numpy(), want),
+              f"{what}: {form} on CUDA memory differs from the host's")
+fastreduce.algorithms.set_algorithm(None)
 use_family(None)
 
 # --- modes: staged hands MPI no device pointer; pinned tables split by size ------------------
