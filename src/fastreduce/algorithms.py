@@ -3,10 +3,12 @@
 The compiled core has four (``backend/algorithms.h``): ``mpi`` (the MPI library's own
 MPI_Allreduce, in segments), ``ring`` (reduce-scatter then all-gather with point-to-point
 messages, both directions of every link busy), ``rsag`` (MPI_Reduce_scatter_block +
-MPI_Allgather) and ``hierarchical`` (MPI_Reduce to one leader per node, the ring between
-the leaders, MPI_Bcast in the node). ``FASTREDUCE_ALGORITHM`` picks one for every size, or
-``auto`` (the default) follows a size table: pinned by ``FASTREDUCE_ALGORITHM_TABLE``,
-else derived from the communicator's nodes:
+MPI_Allgather) and ``hierarchical`` (where nodes have equal rank counts, a reduce-scatter
+in the node, each shard's ring between the nodes and an all-gather in the node; otherwise
+MPI_Reduce to one leader per node, the ring between the leaders, MPI_Bcast in the node).
+The ring's messages go on a duplicate of the communicator. ``FASTREDUCE_ALGORITHM`` picks
+one for every size, or ``auto`` (the default) follows a size table: pinned by
+``FASTREDUCE_ALGORITHM_TABLE``, else derived from the communicator's nodes:
 
 - one node: ``mpi`` at every size (shared memory: the library's call is fastest);
 - several nodes of one rank each: ``mpi`` below `NETWORK_FROM`, ``ring`` from there;
@@ -26,7 +28,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from . import settings, watchdog
-from .backend import algochoice, mpierrors, reduce
+from .backend import algochoice, engine, mpierrors, reduce
 from .gpupath import PathTable
 
 __all__ = ["ALGORITHMS", "NETWORK_FROM", "PIECE_BYTES", "AlgorithmTable", "agree",
@@ -37,6 +39,8 @@ MODES = ("auto", *ALGORITHMS)
 # From this size up, a message between nodes takes the ring (or hierarchical) algorithm:
 # below it the MPI's latency-bound algorithms are as fast (bench/algorithm_bench.py).
 NETWORK_FROM = 256 << 10
+MAX_STEPS = 32  # MAX_ALGORITHM_STEPS of backend/algochoice.pxd
+
 # The ring's message pieces on one node: a received piece is combined while the next ones
 # arrive. Across nodes each block goes in one message: every message costs the MPI's
 # rendezvous round trip, which waits behind the data queued on the link.
@@ -51,6 +55,12 @@ class AlgorithmTable(PathTable):
     SETTING = "FASTREDUCE_ALGORITHM_TABLE"
     EXAMPLE = "0:mpi,256KiB:ring"
     STEP = "SIZE:ALGORITHM"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if len(self.steps) > MAX_STEPS:
+            raise ValueError(f"fastreduce: {self.WHAT} {self.spec()!r}: at most {MAX_STEPS} "
+                             f"steps")
 
 
 _override_mode: str | None = None
@@ -80,7 +90,7 @@ def set_algorithm(mode: str | None) -> None:
     if mode is not None and mode not in MODES:
         raise ValueError(f"fastreduce: algorithm {mode!r}: use one of {', '.join(MODES)}")
     _override_mode = mode
-    algochoice.forget()
+    _forget()
 
 
 def set_algorithm_table(table: str | AlgorithmTable | None) -> None:
@@ -90,6 +100,13 @@ def set_algorithm_table(table: str | AlgorithmTable | None) -> None:
     if isinstance(table, str):
         table = AlgorithmTable.parse(table, "set_algorithm_table()")
     _override_table, _override_table_set = table, table is not None
+    _forget()
+
+
+def _forget() -> None:
+    """Every communicator agrees again at its next all-reduce; the progress engine's queued
+    jobs first run with the plan they were started under (on every rank alike)."""
+    engine.wait_idle()
     algochoice.forget()
 
 
@@ -117,21 +134,25 @@ def agree(comm) -> dict:
         raise
     nodes = sum(1 for _, _, (_, leads) in everyone if leads)
     most_local = max(n for _, _, (n, _) in everyone)
-    leaders = cross = None
-    if local is not None and nodes > 1:
-        with watchdog.recorded("algorithm agreement: the nodes' leaders (MPI_Comm_split)", comm):
+    steps = _steps(mode, pinned, nodes, most_local)
+    used = {name for _, name in steps}
+    leaders = cross = ring = None
+    if local is not None and (nodes == 1 or "hierarchical" not in used):
+        local.Free()  # no node communicators needed
+        local = None
+    with watchdog.recorded("algorithm agreement: the algorithms' communicators", comm):
+        if local is not None:
             leaders = comm.Split(0 if local.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
+            if leaders == MPI.COMM_NULL:
+                leaders = None
             if most_local > 1 and len({n for _, _, (n, _) in everyone}) == 1:
                 cross = comm.Split(local.Get_rank(), comm.Get_rank())  # equal nodes
-        if leaders == MPI.COMM_NULL:
-            leaders = None
-    elif local is not None:  # one node: nothing to split
-        local.Free()
-        local = None
-    return {"steps": _steps(mode, pinned, nodes, most_local),
+        if size > 1 and used & {"ring", "hierarchical"}:
+            ring = comm.Dup()  # the ring's messages never meet the application's
+    return {"steps": steps,
             "segment_bytes": (reduce.DEFAULT_SEGMENT_BYTES if nodes <= 1 else 0),
             "piece_bytes": PIECE_BYTES if nodes <= 1 else 0,
-            "local": local, "leaders": leaders, "cross": cross}
+            "local": local, "leaders": leaders, "cross": cross, "ring": ring}
 
 
 def _steps(mode: str, pinned: AlgorithmTable | None, nodes: int, most_local: int) -> tuple:

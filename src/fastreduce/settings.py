@@ -169,8 +169,9 @@ SETTINGS: tuple[Setting, ...] = (
                   "call per all-reduce", None), "host"),
     Setting("FASTREDUCE_ALGORITHM", "auto, mpi, ring, rsag or hierarchical", "auto",
             "The host all-reduce algorithm: the MPI's own call (mpi), a ring of point-to-point "
-            "messages (ring), MPI_Reduce_scatter_block + MPI_Allgather (rsag), reduce in the "
-            "node + ring between nodes + broadcast (hierarchical), or per size and nodes (auto).",
+            "messages (ring), MPI_Reduce_scatter_block + MPI_Allgather (rsag), within-node "
+            "reduce(-scatter) + ring between nodes + broadcast/all-gather (hierarchical), or "
+            "per size and nodes (auto).",
             _choice("FASTREDUCE_ALGORITHM", ("auto", "mpi", "ring", "rsag", "hierarchical"),
                     "auto", "use one of auto, mpi, ring, rsag, hierarchical", lower=True),
             "host"),

@@ -152,8 +152,23 @@ def check_errors() -> None:
              lambda: fastreduce.allreduce_(y, compression="zip"), y)
     f.expect(ValueError, ["algorithm", "'fastest'"],
              lambda: algorithms.set_algorithm("fastest"))
+    old = fastreduce.runtime.set_segment_bytes(0)
+    f.check(old is None and fastreduce.runtime.set_segment_bytes(old) == 0
+            and not fastreduce.backend.reduce.segment_bytes_pinned(),
+            f"segments pinned and unpinned again: {old}")
     if WORLD.size == 1:
         return
+    # the ring's messages never meet the application's, not even a wildcard receive
+    comm = WORLD.Dup()
+    algorithms.set_algorithm("ring")
+    pending = comm.irecv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+    w = np.ones(5000)
+    fastreduce.allreduce_(w, comm=comm)
+    comm.send(("application", WORLD.rank), dest=(WORLD.rank + 1) % WORLD.size, tag=7)
+    got = pending.wait()
+    f.check(got == ("application", (WORLD.rank - 1) % WORLD.size) and bool(np.all(w == WORLD.size)),
+            f"a wildcard receive during the ring got {got!r}")
+    comm.Free()
     # ranks that disagree: a ValueError on every rank, nothing reduced
     algorithms.set_algorithm("ring" if WORLD.rank == 0 else "mpi")
     z = np.full(9, WORLD.rank + 1.0)

@@ -168,10 +168,10 @@ for what, algorithm, wire in (("bf16 compression", "mpi", "bf16"),
     values = np.linspace(-1, 1, 3001, dtype=np.float32) * (rank + 1)
     want = values.copy()
     fastreduce.allreduce_(want, compression=wire)
-    for index, (form, call) in enumerate((
-            ("allreduce_", lambda g: fastreduce.allreduce_(g, compression=wire)),
-            ("allreduce", lambda g: fastreduce.allreduce(g, compression=wire)),
-            ("iallreduce_", lambda g: fastreduce.iallreduce_(g, compression=wire).wait()))):
+    for form, call in (
+            ("allreduce_", lambda g, w=wire: fastreduce.allreduce_(g, compression=w)),
+            ("allreduce", lambda g, w=wire: fastreduce.allreduce(g, compression=w)),
+            ("iallreduce_", lambda g, w=wire: fastreduce.iallreduce_(g, compression=w).wait())):
         g = FakeCudaArray.from_numpy(values)
         result, log, paths = logged(lambda g=g, call=call: call(g))
         check(log["allreduce"]["device"] + log["iallreduce"]["device"] == 0

@@ -18,6 +18,7 @@ ctypedef struct Plan:
     MPI_Comm local          # this rank's node (MPI_COMM_NULL: not made)
     MPI_Comm leaders        # one rank per node (MPI_COMM_NULL on the others)
     MPI_Comm cross          # the ranks of this local rank on every node (equal nodes only)
+    MPI_Comm ring           # a duplicate of the communicator for the ring's messages
 
 cdef const Plan* plan_for(MPI_Comm handle) except NULL
 cdef int choose_algorithm(const Plan* plan, int64_t nbytes) noexcept nogil

@@ -35,12 +35,15 @@ cdef extern from *:
     """
     /* The last (communicator, plan) this thread looked up: the hot path skips the attribute
      * look-up. Valid while fr_plan_epoch is unchanged (a plan freed or replaced bumps it). */
-    static long long fr_plan_epoch = 0;
+    static long long fr_plan_epoch = 0;  /* read and bumped atomically: any thread */
+    static inline long long fr_epoch_now(void) { return __atomic_load_n(&fr_plan_epoch, __ATOMIC_ACQUIRE); }
+    static inline void fr_epoch_bump(void) { __atomic_fetch_add(&fr_plan_epoch, 1, __ATOMIC_ACQ_REL); }
     static __thread long long fr_cached_epoch = -1;
     static __thread MPI_Comm fr_cached_comm;
     static __thread void *fr_cached_plan = NULL;
     """
-    long long fr_plan_epoch
+    long long fr_epoch_now() noexcept nogil
+    void fr_epoch_bump() noexcept nogil
     long long fr_cached_epoch
     MPI_Comm fr_cached_comm
     void* fr_cached_plan
@@ -48,8 +51,7 @@ _agreement = None  # set-up's callable: comm -> dict every rank agrees on (see s
 
 
 cdef int _free_plan(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
-    global fr_plan_epoch
-    fr_plan_epoch += 1  # every thread's cached look-up is stale
+    fr_epoch_bump()  # every thread's cached look-up is stale
     cdef Plan* plan = <Plan*>value
     if plan.local != MPI_COMM_NULL:
         MPI_Comm_free(&plan.local)
@@ -57,6 +59,8 @@ cdef int _free_plan(MPI_Comm comm, int keyval, void* value, void* extra) noexcep
         MPI_Comm_free(&plan.leaders)
     if plan.cross != MPI_COMM_NULL:
         MPI_Comm_free(&plan.cross)
+    if plan.ring != MPI_COMM_NULL:
+        MPI_Comm_free(&plan.ring)
     free(value)
     return MPI_SUCCESS
 
@@ -65,7 +69,8 @@ def set_agreement(agreement) -> None:
     """Install `agreement(comm)`, the collective that returns what every rank of comm agreed
     on: {"steps": ((start bytes, algorithm name), ...), "segment_bytes", "piece_bytes",
     "local": node communicator or None, "leaders": leaders' communicator or None,
-    "cross": the communicator of this local rank on every node, or None}; the
+    "cross": the communicator of this local rank on every node, or None, "ring": a
+    duplicate of comm for the ring's point-to-point messages, or None}; the
     communicators become the plan's (freed with comm). Asked at a communicator's first
     all-reduce and again after forget()."""
     global _agreement
@@ -75,9 +80,9 @@ def set_agreement(agreement) -> None:
 
 def forget() -> None:
     """Settings changed: each communicator agrees on them again at its next all-reduce."""
-    global _generation, fr_plan_epoch
+    global _generation
     _generation += 1
-    fr_plan_epoch += 1
+    fr_epoch_bump()
 
 
 cdef MPI_Comm _take(object comm) noexcept:
@@ -105,6 +110,7 @@ cdef Plan* _new_plan(dict agreed) except NULL:
     plan.local = _take(agreed["local"])
     plan.leaders = _take(agreed["leaders"])
     plan.cross = _take(agreed["cross"])
+    plan.ring = _take(agreed["ring"])
     return plan
 
 
@@ -112,10 +118,11 @@ cdef const Plan* plan_for(MPI_Comm handle) except NULL:
     """The communicator's plan: this thread's last look-up, its attribute, else agreed now
     (collective)."""
     global fr_cached_epoch, fr_cached_comm, fr_cached_plan
-    if fr_cached_epoch == fr_plan_epoch and fr_cached_comm == handle:
+    cdef long long epoch = fr_epoch_now()
+    if fr_cached_epoch == epoch and fr_cached_comm == handle:
         return <const Plan*>fr_cached_plan
     cdef const Plan* plan = _look_up(handle)
-    fr_cached_epoch, fr_cached_comm, fr_cached_plan = fr_plan_epoch, handle, <void*>plan
+    fr_cached_epoch, fr_cached_comm, fr_cached_plan = fr_epoch_now(), handle, <void*>plan
     return plan
 
 

@@ -122,6 +122,8 @@ static int64_t fr_piece(int64_t block, int wire_size, int64_t piece_bytes)
   if (piece < fewest) piece = fewest;
   if (piece < 1) piece = 1;
   if (piece > INT_MAX) piece = INT_MAX;
+  /* a block over FR_MAX_PIECES x INT_MAX elements would need more pieces than requests */
+  if ((block + piece - 1) / piece > FR_MAX_PIECES) piece = (block + FR_MAX_PIECES - 1) / FR_MAX_PIECES;
   return piece;
 }
 
@@ -147,7 +149,12 @@ static int fr_ring_step(const fr_combine *c, const char *out, int64_t sendn, cha
     n = sendn - off < spiece ? sendn - off : spiece;
     ierr = MPI_Isend(out + off * wsize, (int)n, wtype, right, 0, comm, &sends[ns]);
   }
-  if (ierr != MPI_SUCCESS) return ierr;  /* the job is lost: MPI's error handler says how */
+  if (ierr != MPI_SUCCESS) {  /* nothing may still write into `in` once we return */
+    for (k = 0; k < nr; k++) MPI_Cancel(&recvs[k]);
+    MPI_Waitall(nr, recvs, MPI_STATUSES_IGNORE);
+    MPI_Waitall(ns, sends, MPI_STATUSES_IGNORE);
+    return ierr;
+  }
   for (k = 0, off = 0; k < nr; k++, off += rpiece) {
     n = recvn - off < rpiece ? recvn - off : rpiece;
     err2 = MPI_Wait(&recvs[k], MPI_STATUS_IGNORE);
@@ -249,7 +256,7 @@ static int fr_rsag_allreduce(char *buf, int64_t count, MPI_Datatype datatype, MP
   if (size == 1 || count == 0) return MPI_SUCCESS;
   block = count / size;
   while (done < block && ierr == MPI_SUCCESS) {
-    b = block - done < INT_MAX / 2 ? block - done : INT_MAX / 2;
+    b = block - done < INT_MAX / size ? block - done : INT_MAX / size;  /* b * size fits */
     region = buf + done * size * itemsize;
     ierr = MPI_Reduce_scatter_block(MPI_IN_PLACE, region, (int)b, datatype, op, comm);
     if (ierr != MPI_SUCCESS) break;
@@ -350,7 +357,7 @@ static int fr_allreduce_by(int algorithm, char *buf, int64_t count, const fr_com
     case FR_ALGO_HIERARCHICAL:
       if (local == MPI_COMM_NULL) return fr_ring_allreduce(buf, count, c, comm, piece_bytes);
       if (cross != MPI_COMM_NULL && MPI_Comm_size(local, &local_size) == MPI_SUCCESS
-          && count >= local_size && count / local_size < INT_MAX)
+          && count >= local_size && count <= INT_MAX)  /* int counts and displacements */
         return fr_sharded_allreduce(buf, count, c, local, cross, piece_bytes);
       return fr_hierarchical_allreduce(buf, count, c, local, leaders, piece_bytes);
     case FR_ALGO_RSAG:

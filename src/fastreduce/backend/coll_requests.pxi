@@ -245,17 +245,26 @@ cdef bint _by_engine(int64_t count, const Reduction* red) except -1:
     """Whether the progress engine runs a host request (else MPI_Iallreduce): above its
     size threshold, and always for a 16-bit wire, which MPI_Iallreduce cannot carry."""
     if red.wire != FR_WIRE_NONE:
-        if not enabled():
-            raise ValueError("fastreduce: a compressed non-blocking all-reduce runs on the "
-                             "progress engine, which is off (FASTREDUCE_ENGINE=none); turn "
-                             "it on, or reduce without compression")
+        _need_engine_for_wire()
         return True
     return host_enabled(count * red.itemsize)
+
+
+cdef int _need_engine_for_wire() except -1:
+    if not enabled():
+        raise ValueError(f"fastreduce: a compressed non-blocking all-reduce runs on the "
+                         f"progress engine, which is off ({_engine_state()[1]}); use the "
+                         f"blocking allreduce_ with compression, or reduce without it")
+    return 0
 
 
 cdef Request _start(const void* sendbuf, char* recvbuf, int64_t count, const Reduction* red,
                     MPI_Comm handle, object comm, object result, object keep):
     """MPI_Iallreduce (large-count, or chunked past the int limit) wrapped in a Request."""
+    if red.wire != FR_WIRE_NONE:  # MPI_Iallreduce cannot carry a 16-bit wire
+        raise ValueError("fastreduce: a compressed non-blocking all-reduce of this memory "
+                         "would go to MPI_Iallreduce, which cannot send 16 bits; use the "
+                         "blocking allreduce_ with compression (or the progress engine)")
     cdef Request req = Request.__new__(Request)
     cdef int64_t limit = count_limit()
     cdef int64_t chunks = 1

@@ -43,6 +43,7 @@ from contextlib import nullcontext
 
 from mpi4py import MPI as _MPI
 
+from .engine import state as _engine_state
 from .reductions import KIND_NAMES as _KIND_NAMES
 
 cdef extern from "algorithms.h" nogil:

@@ -91,8 +91,10 @@ cdef int _run_composed(int algorithm, const Plan* plan, const void* sendbuf, cha
         if sendbuf != MPI_IN_PLACE:
             memcpy(recvbuf, sendbuf, count * red.itemsize)
         fr_thread_mpi_calls += 1
-        ierr = fr_allreduce_by(algorithm, recvbuf, count, &c, comm, plan.local, plan.leaders,
-                               plan.cross, plan.piece_bytes)
+        # the ring's point-to-point messages on the plan's duplicate, never the user's comm
+        ierr = fr_allreduce_by(algorithm, recvbuf, count, &c,
+                               plan.ring if plan.ring != MPI_COMM_NULL else comm, plan.local,
+                               plan.leaders, plan.cross, plan.piece_bytes)
     CHKERR(ierr)
     return _divide(recvbuf, count, red, comm)
 
@@ -160,14 +162,19 @@ def segment_bytes() -> int:
     return _segment_bytes
 
 
-def set_segment_bytes(int64_t nbytes) -> int:
+def set_segment_bytes(nbytes) -> object:
     """Pin segment_bytes() on this rank (0: off) for every communicator, instead of each
-    one's plan; the same on every rank. Returns the old."""
+    one's plan, or None: unpin; the same on every rank. Returns the old (None: unpinned)."""
     global _segment_bytes, _segment_pinned
+    old = _segment_bytes if _segment_pinned else None
+    if nbytes is None:
+        _segment_bytes, _segment_pinned = DEFAULT_SEGMENT_BYTES, False
+        return old
     if nbytes < 0:
         raise ValueError(f"fastreduce: segment size {nbytes}: give 0 (one MPI call per "
-                         f"all-reduce) or a positive number of bytes")
-    old, _segment_bytes, _segment_pinned = _segment_bytes, nbytes, True
+                         f"all-reduce), a positive number of bytes, or None (each "
+                         f"communicator's plan)")
+    _segment_bytes, _segment_pinned = nbytes, True
     return old
 
 

@@ -26,7 +26,9 @@ import torch
 from mpi4py import MPI
 
 from .. import gpupath
+from ..backend import engine as _engine
 from ..backend.collectives import default_comm, iallreduce_
+from ..backend.reductions import COMPRESSIONS
 
 __all__ = ["GradientSync"]
 
@@ -58,9 +60,15 @@ class GradientSync:
             raise ValueError(f"fastreduce: bucket_mb must be positive, not {bucket_mb!r}")
         if op not in ("avg", "sum"):
             raise ValueError(f"fastreduce: GradientSync op must be 'avg' or 'sum', not {op!r}")
-        if compression not in (None, "none", "bf16", "fp16"):
+        wire = compression.lower() if isinstance(compression, str) else compression
+        if wire not in COMPRESSIONS:
             raise ValueError(f"fastreduce: GradientSync compression {compression!r}: use None, "
                              f"'bf16' or 'fp16' (float32 gradients sent as 16 bits)")
+        if COMPRESSIONS[wire] and not _engine.state()[0]:
+            raise ValueError(f"fastreduce: GradientSync with compression reduces its buckets "
+                             f"on the progress engine, which is off ({_engine.state()[1]}); "
+                             f"turn it on (FASTREDUCE_ENGINE=1 with MPI_THREAD_MULTIPLE) or "
+                             f"leave compression out")
         params = list(module.parameters())
         if not params:
             raise ValueError("fastreduce: the module has no parameters to synchronise")
@@ -71,7 +79,7 @@ class GradientSync:
         self.module = module
         self.comm = default_comm() if comm is None else comm
         self.op = op
-        self.compression = None if compression == "none" else compression
+        self.compression = wire if COMPRESSIONS[wire] else None
         self.bucket_bytes = int(bucket_mb * (1 << 20))
         self._buckets = self._make_buckets(trained)
         self._where = {}

@@ -62,7 +62,7 @@ def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
         try:
             t = _time(comm, call, iters, warmup, args.device)
         finally:
-            runtime.set_segment_bytes(old)
+            runtime.set_segment_bytes(old)  # None: unpinned again (each plan decides)
     elif name == "mpi4py":
         ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
                "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR, "avg": MPI.SUM}
