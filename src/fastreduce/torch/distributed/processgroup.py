@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import datetime
+import functools
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ... import checks, watchdog
+from ... import _abi, checks, watchdog
 from ...backend import collectives as _collectives
 from ...backend import engine as _engine
 from ...errors import BackendError
@@ -402,7 +404,10 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
     def _irecv(self, t, source: int, tag: int) -> Work:
         side = _HostSide(writes=[t])
-        request = self._comm.Irecv([side(t), MPI.BYTE], source=source, tag=tag)
+        if source == MPI.ANY_SOURCE and _probe_any_source():
+            request = _AnySourceReceive(self._comm, [side(t), MPI.BYTE], tag)
+        else:
+            request = self._comm.Irecv([side(t), MPI.BYTE], source=source, tag=tag)
         peer = "any rank" if source == MPI.ANY_SOURCE else source
         return Work([t], mpi_request=request, source=source,
                     flight=self._flight(f"recv from {peer}", t))._then(side.write_back)
@@ -451,6 +456,47 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             raise ValueError(f"fastreduce backend: {what} rank {peer} is not in this group of "
                              f"{self._size}")
         return tensors[0]
+
+
+@functools.cache
+def _probe_any_source() -> bool:
+    """Whether a receive from any source goes through a matched probe: MPICH 5.0 with UCX
+    over TCP, across nodes, leaves a posted MPI_Irecv(MPI_ANY_SOURCE) unmatched for good
+    while the message waits (a receive from a named rank and MPI_Mprobe are not affected)."""
+    return _abi.mpi_family(MPI.Get_library_version()) == "MPICH"
+
+
+class _AnySourceReceive:
+    """An any-source receive as a request (Wait, Test): MPI_Mprobe or MPI_Improbe, then
+    MPI_Mrecv of the matched message. Unlike a posted MPI_Irecv it matches when waited on
+    or tested, so two of them match messages in the order they are completed."""
+
+    def __init__(self, comm: MPI.Intracomm, buffer, tag: int):
+        self._comm = comm
+        self._buffer = buffer
+        self._tag = tag
+        self._done = False
+        self._lock = threading.Lock()
+
+    def Wait(self, status: MPI.Status | None = None) -> None:  # noqa: N802  (mpi4py's name)
+        with self._lock:
+            if not self._done:
+                self._comm.Mprobe(MPI.ANY_SOURCE, self._tag).Recv(self._buffer, status)
+                self._done = True
+
+    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        if not self._lock.acquire(blocking=False):  # another thread waits on it
+            return False
+        try:
+            if not self._done:
+                message = self._comm.Improbe(MPI.ANY_SOURCE, self._tag)
+                if message is None:
+                    return False
+                message.Recv(self._buffer, status)
+                self._done = True
+            return True
+        finally:
+            self._lock.release()
 
 
 def _recorded(call: Callable, name: str, comm, nbytes: int) -> Callable:
