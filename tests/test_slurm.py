@@ -85,6 +85,18 @@ def test_seed_example_under_srun(cluster, family):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_horovod_example_under_srun(cluster, family):
+    """examples/horovod/pytorch_synthetic_benchmark.py, unchanged, under srun."""
+    python, mpi = python_for(family)
+    script = ROOT / "examples" / "horovod" / "pytorch_synthetic_benchmark.py"
+    rc, out = cluster.srun(2, mpi, python, "-m", "mpi4py", str(script), "--num-iters", "3",
+                           env=ENV, timeout=300)
+    assert rc == 0 and "Number of CPUs: 2" in out, out
+    assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per CPU$", out, re.M)) == 3, out
+    assert re.search(r"^Total img/sec on 2 CPU\(s\): [\d.]+ ", out, re.M), out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("ntasks", [2, 4])
 def test_bench_command_under_srun(cluster, family, ntasks, tmp_path):
     python, mpi = python_for(family)

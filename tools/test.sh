@@ -54,6 +54,7 @@ MULTINODE_2=(
   "tests/test_torch_backend.py::test_training_equals_gloo[4]"
   "tests/test_misuse.py::test_debug_mode[4]"
   "tests/test_misuse.py::test_timeout_ends_a_hung_job[4]"
+  "tests/test_horovod.py::test_horovod_ops[4]"
 )
 MULTINODE_3=(
   "tests/test_algorithms.py::test_algorithms[3]"

@@ -46,6 +46,51 @@ class _Bucket:
 LAST_BUCKET_BYTES = 1 << 20
 
 
+def plan_buckets(params: list, bucket_bytes: int,
+                 last_bytes: int = LAST_BUCKET_BYTES) -> list[list]:
+    """Parameters grouped into buckets of one dtype and device, filled in reverse
+    registration order (DDP's), in the order their gradients complete; the last one, whose
+    reduction is left when backward ends, at most `last_bytes` (or one parameter).
+    Decided from the order and sizes alone, so every rank makes the same buckets."""
+    last, size = [], 0
+    for p in params:  # the first registered are the last whose gradients arrive
+        nbytes = p.numel() * p.element_size()
+        if last and (size + nbytes > min(last_bytes, bucket_bytes)
+                     or p.dtype != last[0].dtype or p.device != last[0].device):
+            break
+        last.append(p)
+        size += nbytes
+    if len(last) == len(params):
+        last = []
+    buckets, current, size = [], [], 0
+    for p in reversed(params[len(last):]):
+        nbytes = p.numel() * p.element_size()
+        same_kind = not current or (p.dtype == current[0].dtype
+                                    and p.device == current[0].device)
+        if current and (size + nbytes > bucket_bytes or not same_kind):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    if last:
+        buckets.append(last[::-1])
+    return buckets
+
+
+def flat_views(params: list) -> tuple[torch.Tensor, list]:
+    """A zeroed flat buffer for `params` (one dtype and device) and a view of it shaped
+    like each parameter."""
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
+                       device=params[0].device)
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return flat, views
+
+
 class GradientSync:
     """Average (or sum) the gradients of `module` over `comm` in buckets of `bucket_mb` MiB;
     compression "bf16" or "fp16" sends float32 gradients as 16 bits."""
@@ -95,41 +140,9 @@ class GradientSync:
             self.sync_parameters()
 
     def _make_buckets(self, params: list) -> list[_Bucket]:
-        """Buckets of one dtype and device, filled in reverse registration order (DDP's);
-        the last one, whose reduction is left when backward ends, at most LAST_BUCKET_BYTES
-        (or one parameter)."""
-        last, size = [], 0
-        for p in params:  # the first registered are the last whose gradients arrive
-            nbytes = p.numel() * p.element_size()
-            if last and (size + nbytes > min(LAST_BUCKET_BYTES, self.bucket_bytes)
-                         or p.dtype != last[0].dtype or p.device != last[0].device):
-                break
-            last.append(p)
-            size += nbytes
-        if len(last) == len(params):
-            last = []
-        buckets, current, size = [], [], 0
-        for p in reversed(params[len(last):]):
-            nbytes = p.numel() * p.element_size()
-            same_kind = not current or (p.dtype == current[0].dtype
-                                        and p.device == current[0].device)
-            if current and (size + nbytes > self.bucket_bytes or not same_kind):
-                buckets.append(current)
-                current, size = [], 0
-            current.append(p)
-            size += nbytes
-        if current:
-            buckets.append(current)
-        if last:
-            buckets.append(last[::-1])
         out = []
-        for group in buckets:
-            flat = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype,
-                               device=group[0].device)
-            views, offset = [], 0
-            for p in group:
-                views.append(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        for group in plan_buckets(params, self.bucket_bytes):
+            flat, views = flat_views(group)
             out.append(_Bucket(flat=flat, params=group, views=views))
         return out
 

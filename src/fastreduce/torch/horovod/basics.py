@@ -1,0 +1,201 @@
+"""Set-up and queries: init, shutdown, rank, size, local and cross ranks, what is built.
+
+The Horovod world is an MPI communicator (COMM_WORLD unless init() is given one); the
+node-local communicator comes from MPI_Comm_split_type(SHARED) and the cross-node one
+from splitting the world by local rank, both made once at init().
+"""
+
+from __future__ import annotations
+
+import os
+
+from mpi4py import MPI
+
+from ... import watchdog
+
+
+class _World:
+    """What init() made: the world communicator and the node and cross-node ones."""
+
+    def __init__(self, comm: MPI.Intracomm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        with watchdog.recorded("fastreduce.horovod.init: node and cross-node communicators",
+                               comm):
+            self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            self.cross = comm.Split(self.local.Get_rank(), key=self.rank)
+            sizes = comm.allgather(self.local.Get_size())
+        self.homogeneous = len(set(sizes)) == 1
+
+    def free(self) -> None:
+        for c in (self.cross, self.local, self.comm):
+            if c != MPI.COMM_NULL:
+                c.Free()
+
+
+_world: _World | None = None
+
+
+def _ranks_comm(ranks, parent: MPI.Intracomm) -> MPI.Intracomm:
+    """A communicator of the given ranks of parent, in that order (collective over parent)."""
+    ranks = [int(r) for r in ranks]
+    if sorted(set(ranks)) != sorted(ranks) or any(not 0 <= r < parent.Get_size()
+                                                  for r in ranks):
+        raise ValueError(f"fastreduce.horovod.init: comm={ranks} must be distinct ranks of "
+                         f"the {parent.Get_size()} MPI ranks")
+    me = parent.Get_rank()
+    color = 0 if me in ranks else MPI.UNDEFINED
+    key = ranks.index(me) if me in ranks else 0
+    return parent.Split(color, key)
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Start Horovod over MPI: comm is an mpi4py communicator or a list of COMM_WORLD ranks
+    (default: all of COMM_WORLD); process_sets a list of ProcessSet, or "dynamic"."""
+    global _world
+    from . import process_sets as _sets
+    from . import timeline
+
+    if _world is not None:
+        return  # as Horovod: a second init() is a no-op
+    if comm is None:
+        comm = MPI.COMM_WORLD.Dup()
+    elif isinstance(comm, MPI.Intracomm):
+        comm = comm.Dup()
+    elif isinstance(comm, (list, tuple, range)):
+        comm = _ranks_comm(comm, MPI.COMM_WORLD)
+        if comm == MPI.COMM_NULL:
+            return  # this rank is not in the Horovod world
+    else:
+        raise TypeError(f"fastreduce.horovod.init: comm must be an mpi4py Intracomm or a list "
+                        f"of ranks, not {type(comm).__qualname__}")
+    _world = _World(comm)
+    try:
+        _sets._start(_world.comm, process_sets)
+    except BaseException:
+        _world.free()
+        _world = None
+        raise
+    path = os.environ.get("HOROVOD_TIMELINE")
+    if path:
+        timeline.start_timeline(path, mark_cycles=os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES")
+                                == "1")
+
+
+def shutdown() -> None:
+    """End Horovod: pending operations are completed, process sets and communicators freed."""
+    global _world
+    from . import handles, process_sets, timeline
+
+    if _world is None:
+        return
+    handles._finish_all()
+    timeline.stop_timeline()
+    process_sets._stop()
+    _world.free()
+    _world = None
+
+
+def is_initialized() -> bool:
+    """Whether init() has run (and shutdown() has not)."""
+    return _world is not None
+
+
+def _the_world() -> _World:
+    if _world is None:
+        raise ValueError("fastreduce.horovod has not been initialized; call hvd.init() first")
+    return _world
+
+
+def rank() -> int:
+    """This process's rank in the Horovod world."""
+    return _the_world().rank
+
+
+def size() -> int:
+    """How many processes the Horovod world has."""
+    return _the_world().size
+
+
+def local_rank() -> int:
+    """This process's rank among those on its node."""
+    return _the_world().local.Get_rank()
+
+
+def local_size() -> int:
+    """How many processes of the world share this node."""
+    return _the_world().local.Get_size()
+
+
+def cross_rank() -> int:
+    """This node's index among the nodes (the rank among processes of the same local rank)."""
+    return _the_world().cross.Get_rank()
+
+
+def cross_size() -> int:
+    """How many nodes have a process of this local rank."""
+    return _the_world().cross.Get_size()
+
+
+def is_homogeneous() -> bool:
+    """Whether every node runs the same number of processes."""
+    return _the_world().homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE."""
+    _the_world()
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """True: every operation runs over MPI."""
+    return True
+
+
+def mpi_built() -> bool:
+    """True: fastreduce is built against MPI."""
+    return True
+
+
+def gloo_enabled() -> bool:
+    """False: there is no gloo controller."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: there is no gloo controller."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: GPU tensors go through MPI (CUDA-aware or staged), never NCCL."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False."""
+    return False
+
+
+def mlsl_built() -> bool:
+    """False."""
+    return False
+
+
+def cuda_built() -> bool:
+    """Whether the installed torch was built with CUDA (fastreduce's GPU paths use it)."""
+    import torch
+
+    return torch.version.cuda is not None
+
+
+def rocm_built() -> bool:
+    """False: ROCm is not supported."""
+    return False

@@ -1,0 +1,118 @@
+"""Before every collective the ranks of its process set agree on it, as Horovod's
+coordinator does: one MPI_Allgather of 16 bytes per rank (a status and a digest of the
+call's kind, name, dtype, shape, op, factors and root). When every rank sent the same, the
+collective runs; otherwise the full descriptions are exchanged and every rank raises the
+same error naming what differs, or, where ranks have called join(), those ranks learn
+the call and take part in it with empty input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from ...checks import _ranks_by_value, _ranks_text
+from ...errors import CollectiveMismatch, FastreduceError
+
+ACTIVE, JOINED, REFUSED = 0, 1, 2
+_MASK = (1 << 62) - 1
+_digests: dict = {}
+_buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+class HorovodInternalError(FastreduceError, RuntimeError):
+    """An operation failed (Horovod's name for the error its collectives raise)."""
+
+
+class HorovodMismatch(CollectiveMismatch, HorovodInternalError):
+    """The ranks of a process set submitted different collectives (name, dtype, shape, op,
+    root...) or a rank refused its arguments: raised on every rank of the set."""
+
+
+def _digest(key: tuple, name: str) -> int:
+    """A digest of the call (key: its description but the name), the same on every rank
+    (Python's hash() is not)."""
+    value = _digests.get(key)
+    if value is None:
+        if len(_digests) > 4096:
+            _digests.clear()
+        value = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(),
+                               "little")
+        _digests[key] = value
+    return (value ^ zlib.crc32(name.encode()) * 0x9E3779B1) & _MASK
+
+
+def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray, bool]:
+    """Every rank's (status, value); and whether all sent the same."""
+    size = comm.Get_size()
+    send, recv = _buffers.get(size) or _buffers.setdefault(
+        size, (np.empty(2, np.int64), np.empty(2 * size, np.int64)))
+    send[0] = status
+    send[1] = value
+    comm.Allgather(send, recv)
+    return recv.reshape(size, 2), recv.tobytes() == send.tobytes() * size
+
+
+def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dict],
+          error: BaseException | None = None):
+    """Collective over the set's comm: None when every rank submitted this call (key and
+    name; describe() makes the call's description, needed only when they differ); a list of
+    the joined ranks when some have joined (they take part); raises on every rank when the
+    calls differ or a rank passes an `error` (its own, raised there)."""
+    status = ACTIVE if error is None else REFUSED
+    _, alike = _exchange(comm, status, _digest(key, name))
+    if alike and status == ACTIVE:
+        return None
+    return _slow(comm, (status, describe(), _error_text(error)), error)
+
+
+def follow(comm: MPI.Intracomm, first: bool):
+    """join()'s side of agree(): ("joined", last rank) once every rank has joined, else
+    (fields, joined ranks) of the call the other ranks make."""
+    _exchange(comm, JOINED, int(first))
+    return _slow(comm, (JOINED, {"first": first}, None), None)
+
+
+def _error_text(error):
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def _slow(comm: MPI.Intracomm, mine: tuple, error):
+    everyone = comm.allgather(mine)
+    refused = [(r, e) for r, (_, _, e) in enumerate(everyone) if e is not None]
+    if refused:
+        if error is not None:
+            raise error
+        listing = "; ".join(f"rank {r}: {e}" for r, e in refused)
+        raise HorovodMismatch(f"fastreduce.horovod: {_ranks_text([r for r, _ in refused])} "
+                              f"refused the collective, so no rank runs it ({listing})")
+    joined = [r for r, (s, _, _) in enumerate(everyone) if s == JOINED]
+    active = [(r, f) for r, (s, f, _) in enumerate(everyone) if s == ACTIVE]
+    if not active:
+        firsts = [r for r, (_, f, _) in enumerate(everyone) if f["first"]]
+        return "joined", max(firsts) if firsts else comm.Get_size() - 1
+    descriptions = [f for _, f in active]
+    if any(f != descriptions[0] for f in descriptions):
+        raise HorovodMismatch(_difference_text(active, comm.Get_size()))
+    if mine[0] == JOINED:
+        return descriptions[0], joined
+    return joined
+
+
+def _difference_text(active: list, size: int) -> str:
+    parts = []
+    for key in sorted({k for _, f in active for k in f}):
+        values = [f.get(key, "<missing>") for _, f in active]
+        if any(v != values[0] for v in values):
+            by_value = _ranks_by_value(values)
+            ranks = [r for r, _ in active]
+            seen = ", ".join(f"{_ranks_text([ranks[i] for i in idx])} passed {value}"
+                             for value, idx in by_value.items())
+            parts.append(f"{key}: {seen}")
+    return (f"fastreduce.horovod: the ranks of a process set of {size} submitted different "
+            f"collectives ({'; '.join(parts)}); every rank must submit the same collectives, "
+            f"with the same names, dtypes, shapes and ops, in the same order")

@@ -1,0 +1,748 @@
+"""Horovod's collectives on torch tensors over MPI: allreduce (fastreduce's core, on the
+progress engine when asynchronous), allgather, broadcast, alltoall, reducescatter (mpi4py
+on the tensors' memory), grouped forms, barrier, join and sparse allreduce; each preceded
+by the ranks' agreement (negotiation.py) and differentiable as Horovod defines it.
+
+Asynchronous forms return an int handle for poll()/synchronize(). An allreduce runs in
+the background (the progress engine's thread, or MPI's own non-blocking call); the other
+collectives run when submitted and their handle is complete at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ...backend import collectives as _core
+from . import handles, negotiation, timeline
+from .compression import Compression
+from .negotiation import HorovodMismatch
+from .process_sets import ProcessSet, _comm_of, global_process_set
+
+__all__ = [
+    "Adasum", "Average", "HorovodMismatch", "Max", "Min", "Product", "Sum",
+    "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "grouped_allgather", "grouped_allgather_async",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "join",
+    "poll", "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+]
+
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+             Product: "Product"}
+_MPI_OPS = {Average: "sum", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+_counters: dict[str, itertools.count] = {}
+
+poll = handles.poll
+synchronize = handles.synchronize
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+def _op_of(op, average, what: str) -> int:
+    if average is not None and op is not None:
+        raise ValueError(f"fastreduce.horovod: {what}: give op, not both op and the deprecated "
+                         f"average")
+    if op is None:
+        op = Sum if average is False else Average
+    if op not in _OP_NAMES:
+        raise ValueError(f"fastreduce.horovod: {what}: op {op!r} is not one of hvd.Average, "
+                         f"hvd.Sum, hvd.Min, hvd.Max, hvd.Product")
+    return op
+
+
+def _name(kind: str, name) -> str:
+    if name is None:
+        counter = _counters.setdefault(kind, itertools.count())
+        return f"{kind}.noname.{next(counter)}"
+    if not isinstance(name, str):
+        raise TypeError(f"fastreduce.horovod: name must be a str, not {type(name).__qualname__}")
+    return name
+
+
+def _check_tensor(t, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"fastreduce.horovod: {what} must be a torch.Tensor, not "
+                        f"{type(t).__qualname__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"fastreduce.horovod: {what} has layout {t.layout}; give a dense "
+                         f"tensor (sparse tensors: hvd.sparse_allreduce_async)")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"fastreduce.horovod: {what} is on {t.device}; give a cpu or cuda "
+                         f"tensor")
+    if not t.is_contiguous():
+        raise ValueError(f"fastreduce.horovod: {what} (shape {tuple(t.shape)}) is not "
+                         f"contiguous; call .contiguous() first")
+
+
+def _check_reduction(t, op: int, what: str) -> None:
+    if op == Adasum:
+        raise ValueError(f"fastreduce.horovod: {what}: op=hvd.Adasum is not implemented by "
+                         f"fastreduce.horovod; use hvd.Average or hvd.Sum")
+    _core.mpi_reduction(t, _MPI_OPS[op])  # refuses a dtype the op cannot reduce (bool sum)
+
+
+def _dtype(text: str) -> torch.dtype:
+    return getattr(torch, text.split(".")[-1])
+
+
+def _set_comm(process_set: ProcessSet, what: str) -> MPI.Intracomm:
+    return _comm_of(process_set, f"hvd.{what}")
+
+
+def _agree(comm, key: tuple, name: str, describe, validate) -> list | None:
+    """Validate locally (the exception becomes every rank's), then agree on the call (key
+    and name; describe() its description as a dict); the joined ranks, if any."""
+    error = None
+    try:
+        validate()
+    except (TypeError, ValueError, BufferError) as exc:
+        error = exc
+    if error is None and handles.in_flight((id(comm), name)):
+        error = ValueError(f"fastreduce.horovod: a {key[0]} named {name!r} is in flight "
+                           f"already; synchronize it first or give another name")
+    joined = negotiation.agree(comm, key, name, describe, error)
+    if joined:
+        _check_joinable(describe(), joined)
+    return joined
+
+
+def _described(key: tuple, names: tuple, name: str):
+    """describe() for _agree: the key's fields by name, and the name."""
+    return lambda: {"call": key[0], "name": name, **dict(zip(names, key[1:], strict=True))}
+
+
+def _check_joinable(fields: dict, joined: list) -> None:
+    """Raise, on the joined ranks and the others alike, for a call joined ranks cannot
+    take part in."""
+    call = fields["call"]
+    if call in ("allreduce", "grouped_allreduce"):
+        if fields["op"] not in ("Average", "Sum"):
+            raise HorovodMismatch(f"fastreduce.horovod: ranks {joined} have joined; they take "
+                                  f"part in an allreduce with hvd.Average or hvd.Sum only, not "
+                                  f"{fields['op']}")
+    elif call == "broadcast":
+        if fields["root rank"] in joined:
+            raise HorovodMismatch(f"fastreduce.horovod: the root rank {fields['root rank']} of "
+                                  f"broadcast {fields['name']!r} has joined")
+    elif call not in ("allgather", "grouped_allgather", "barrier"):
+        raise HorovodMismatch(f"fastreduce.horovod: ranks {joined} have joined; hvd.{call} cannot "
+                              f"run then (allreduce, allgather, broadcast and barrier can)")
+
+
+def _scale_(t: torch.Tensor, factor: float) -> None:
+    """t *= factor in place; integer tensors through float64, truncated toward zero."""
+    if factor == 1:
+        return
+    if t.is_floating_point() or t.is_complex():
+        t.mul_(factor)
+    else:
+        t.copy_(t.to(torch.float64).mul_(factor))
+
+
+# -- allreduce and grouped allreduce ----------------------------------------------------------
+
+_ALLREDUCE_FIELDS = ("op", "dtype", "shape", "device", "prescale", "postscale")
+
+def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_set, kind,
+                     blocking=False):
+    """Agree, then start the reduction of tensors into outputs (the same objects in place):
+    a handle whose result is the outputs (a list); blocking, the outputs at once."""
+    comm = _set_comm(process_set, kind)
+    began = timeline.now()
+    key = (kind, _OP_NAMES.get(op, op), tuple(str(t.dtype) for t in tensors),
+           tuple(tuple(t.shape) for t in tensors), tuple(t.device.type for t in tensors),
+           prescale, postscale)
+
+    def validate():
+        for i, t in enumerate(tensors):
+            _check_tensor(t, f"hvd.{kind}: tensor {i}")
+            _check_reduction(t, op, f"hvd.{kind}")
+
+    _agree(comm, key, name, _described(key, _ALLREDUCE_FIELDS, name), validate)
+    event = timeline.begin(kind, name, began)
+    return _run_allreduce(comm, tensors, outputs, op, prescale, postscale, (id(comm), name),
+                          event, blocking)
+
+
+def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, blocking=False):
+    """Reduce tensors into outputs (None: a new tensor); the outputs, or a handle."""
+    for i, t in enumerate(tensors):
+        out = outputs[i]
+        if out is None:
+            outputs[i] = out = t.clone(memory_format=torch.contiguous_format)
+        elif out is not t:
+            out.copy_(t)
+        if prescale != 1:
+            _scale_(out, prescale)
+    if len(outputs) == 1:
+        groups = [outputs]
+    else:  # one fused reduction per dtype and device, in order of appearance
+        by_kind: dict = {}
+        for out in outputs:
+            by_kind.setdefault((out.dtype, out.device), []).append(out)
+        groups = list(by_kind.values())
+    requests, unpack = [], []
+    for members in groups:
+        if len(members) == 1:
+            flat = members[0]
+        else:
+            flat = torch.cat([m.reshape(-1) for m in members])
+            unpack.append((flat, members))
+        # Non-blocking always (on the engine, or MPI's own MPI_Iallreduce): a rank's blocking
+        # allreduce must match another's allreduce_async, and MPI does not match
+        # MPI_Allreduce with MPI_Iallreduce.
+        requests.append(_core.iallreduce_(flat, _MPI_OPS[op], comm=comm))
+    factor = postscale / comm.Get_size() if op == Average else postscale
+
+    def finish():
+        for flat, members in unpack:
+            offset = 0
+            for m in members:
+                m.copy_(flat[offset:offset + m.numel()].view_as(m))
+                offset += m.numel()
+        if factor != 1:
+            for out in outputs:
+                _scale_(out, factor)
+        return outputs
+
+    if blocking:
+        try:
+            for request in requests:
+                request.wait()
+            return finish()
+        finally:
+            timeline.end(event)
+    return handles.start(requests, finish, key, event)
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):
+        ctx.args = (op, prescale, postscale, process_set)
+        return _allreduce_start([tensor], [None], name, op, prescale, postscale, process_set,
+                                "allreduce", blocking=True)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, prescale, postscale, process_set = ctx.args
+        return (allreduce(grad.contiguous(), op=op, prescale_factor=prescale,
+                          postscale_factor=postscale, process_set=process_set),
+                None, None, None, None, None)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set) -> int:
+    """Start reducing tensor over the process set into a new tensor; a handle."""
+    op = _op_of(op, average, "allreduce_async")
+    return _single(_allreduce_start([tensor], [None], _name("allreduce", name), op,
+                                    prescale_factor, postscale_factor, process_set,
+                                    "allreduce"))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set) -> int:
+    """Start reducing tensor in place over the process set; a handle."""
+    op = _op_of(op, average, "allreduce_async_")
+    return _single(_allreduce_start([tensor], [tensor], _name("allreduce", name), op,
+                                    prescale_factor, postscale_factor, process_set,
+                                    "allreduce"))
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """The tensor reduced (default: averaged) over the process set; differentiable."""
+    op = _op_of(op, average, "allreduce")
+    name = _name("allreduce", name)
+    compressed, context = compression.compress(tensor)
+    if torch.is_grad_enabled() and isinstance(compressed, torch.Tensor) and \
+            compressed.requires_grad:
+        out = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
+                               process_set)
+    else:
+        out = _allreduce_start([compressed], [None], name, op, prescale_factor,
+                               postscale_factor, process_set, "allreduce", blocking=True)[0]
+    return compression.decompress(out, context)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Reduce tensor in place over the process set; returns tensor."""
+    op = _op_of(op, average, "allreduce_")
+    return _allreduce_start([tensor], [tensor], _name("allreduce", name), op, prescale_factor,
+                            postscale_factor, process_set, "allreduce", blocking=True)[0]
+
+
+def _like(t):
+    return torch.empty_like(t) if isinstance(t, torch.Tensor) else t
+
+
+def _single(handle: int) -> int:
+    """A handle whose result is its one output rather than a list."""
+    pending = handles._pending[handle]
+    finish = pending.finish
+    pending.finish = lambda: finish()[0]
+    return handle
+
+
+def _grouped_start(tensors, outputs, average, name, op, prescale, postscale, process_set,
+                   what, blocking=False):
+    op = _op_of(op, average, what)
+    tensors = list(tensors)
+    return _allreduce_start(tensors, outputs if outputs is not None else
+                            [None] * len(tensors), _name("grouped_allreduce", name), op,
+                            prescale, postscale, process_set, "grouped_allreduce", blocking)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set) -> int:
+    """Start reducing a list of tensors as one fused operation; a handle (a list)."""
+    return _grouped_start(tensors, None, average, name, op, prescale_factor, postscale_factor,
+                          process_set, "grouped_allreduce_async")
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set) -> int:
+    """Start reducing a list of tensors in place as one fused operation; a handle."""
+    tensors = list(tensors)
+    return _grouped_start(tensors, tensors, average, name, op, prescale_factor,
+                          postscale_factor, process_set, "grouped_allreduce_async_")
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(_grouped_start(tensors, None, None, name, op, prescale, postscale,
+                                    process_set, "grouped_allreduce", blocking=True))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, prescale, postscale, process_set = ctx.args
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=op,
+                                    prescale_factor=prescale, postscale_factor=postscale,
+                                    process_set=process_set)
+        return (None, None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set) -> list:
+    """The tensors reduced over the process set as one fused operation; differentiable."""
+    op = _op_of(op, average, "grouped_allreduce")
+    pairs = [compression.compress(t) for t in tensors]
+    compressed = [c for c, _ in pairs]
+    if torch.is_grad_enabled() and any(c.requires_grad for c in compressed):
+        outs = _GroupedAllreduce.apply(_name("grouped_allreduce", name), op, prescale_factor,
+                                       postscale_factor, process_set, *compressed)
+    else:
+        outs = _grouped_start(compressed, None, None, name, op, prescale_factor,
+                              postscale_factor, process_set, "grouped_allreduce", blocking=True)
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs, strict=True)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set) -> list:
+    """Reduce the tensors in place as one fused operation; returns them."""
+    tensors = list(tensors)
+    return _grouped_start(tensors, tensors, average, name, op, prescale_factor,
+                          postscale_factor, process_set, "grouped_allreduce_", blocking=True)
+
+
+# -- movement: allgather, broadcast, alltoall, reducescatter -------------------------------------
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """The memory MPI works on: t itself on the CPU, a host copy of a CUDA tensor."""
+    return t if t.device.type == "cpu" else t.cpu()
+
+
+def _buffer(t: torch.Tensor):
+    return MPI.buffer.fromaddress(t.data_ptr(), t.numel() * t.element_size()) if t.numel() \
+        else MPI.buffer(bytearray(0))
+
+
+def _done(kind, name, comm, result, event) -> int:
+    return handles.start([], lambda: result, (id(comm), name), event)
+
+
+def _allgather_now(comm, tensor, rows_everywhere=None):
+    """MPI_Allgatherv of tensor's rows (dim 0 may differ across ranks); the output."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    counts = rows_everywhere if rows_everywhere is not None else comm.allgather(rows)
+    row_bytes = (tensor.numel() // rows if rows else int(np.prod(tensor.shape[1:]))) * \
+        tensor.element_size()
+    trailing = tuple(tensor.shape[1:]) if tensor.dim() else ()
+    out = torch.empty((sum(counts), *trailing), dtype=tensor.dtype)
+    byte_counts = [c * row_bytes for c in counts]
+    displs = [0, *itertools.accumulate(byte_counts)][:-1]
+    src = _host(tensor)
+    comm.Allgatherv([_buffer(src), MPI.BYTE], [_buffer(out), (byte_counts, displs), MPI.BYTE])
+    return out.to(tensor.device), counts
+
+
+def _allgather_start(tensor, name, process_set, kind="allgather"):
+    comm = _set_comm(process_set, kind)
+    began = timeline.now()
+
+    def validate():
+        _check_tensor(tensor, f"hvd.{kind}")
+        if tensor.dim() == 0:
+            raise ValueError(f"fastreduce.horovod: hvd.{kind} needs a tensor of at least one "
+                             f"dimension (it concatenates on the first)")
+
+    key = (kind, str(tensor.dtype), tuple(tensor.shape[1:]), tensor.device.type)
+    _agree(comm, key, name, _described(key, ("dtype", "trailing shape", "device"), name),
+           validate)
+    event = timeline.begin(kind, name, began)
+    out, _ = _allgather_now(comm, tensor)
+    return _done(kind, name, comm, out, event)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
+    """Start concatenating every rank's tensor on dimension 0; a handle."""
+    return _allgather_start(tensor, _name("allgather", name), process_set)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows = tensor.shape[0]
+        ctx.process_set = process_set
+        return synchronize(_allgather_start(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64),
+                         process_set=ctx.process_set).tolist()
+        offset = sum(rows[:ctx.process_set.rank()])
+        return reduced.narrow(0, offset, ctx.rows), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's tensor concatenated on dimension 0 (which may differ); differentiable."""
+    name = _name("allgather", name)
+    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        return _Allgather.apply(tensor, name, process_set)
+    return synchronize(_allgather_start(tensor, name, process_set))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
+    """Start allgathers of a list of tensors; a handle (a list of outputs)."""
+    name = _name("grouped_allgather", name)
+    handles_ = [_allgather_start(t, f"{name}.{i}", process_set, "grouped_allgather")
+                for i, t in enumerate(tensors)]
+    results = [synchronize(h) for h in handles_]
+    return handles.start([], lambda: results, ("grouped_allgather", name), None)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
+    """Allgather of each tensor of a list; differentiable."""
+    name = _name("grouped_allgather", name)
+    return [allgather(t, f"{name}.{i}", process_set) for i, t in enumerate(tensors)]
+
+
+def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadcast"):
+    comm = _set_comm(process_set, kind)
+    began = timeline.now()
+    ranks = process_set.ranks
+
+    def validate():
+        _check_tensor(tensor, f"hvd.{kind}")
+        if root_rank not in ranks:
+            raise ValueError(f"fastreduce.horovod: hvd.{kind}: root_rank {root_rank} is not in "
+                             f"the process set (ranks {ranks})")
+
+    key = (kind, str(tensor.dtype), tuple(tensor.shape), root_rank, tensor.device.type)
+    _agree(comm, key, name, _described(key, ("dtype", "shape", "root rank", "device"), name),
+           validate)
+    event = timeline.begin(kind, name, began)
+    if output is not tensor:
+        output.copy_(tensor)
+    host = _host(output)
+    comm.Bcast([_buffer(host), MPI.BYTE], root=ranks.index(root_rank))
+    if host is not output:
+        output.copy_(host)
+    return _done(kind, name, comm, output, event)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
+    """Start broadcasting root_rank's tensor into a new tensor; a handle."""
+    return _broadcast_start(tensor, _like(tensor), root_rank, _name("broadcast", name),
+                            process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
+    """Start broadcasting root_rank's tensor into tensor on every rank; a handle."""
+    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name), process_set)
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(_broadcast_start(tensor, torch.empty_like(tensor), root_rank, name,
+                                            process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .basics import rank
+
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
+        if rank() != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """root_rank's tensor, on every rank of the process set; differentiable."""
+    name = _name("broadcast", name)
+    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        return _Broadcast.apply(tensor, root_rank, name, process_set)
+    return synchronize(_broadcast_start(tensor, _like(tensor), root_rank, name, process_set))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Broadcast root_rank's tensor into tensor on every rank; returns tensor."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def _splits_list(splits, rows: int, size: int, what: str) -> list[int]:
+    if splits is None:
+        if rows % size:
+            raise ValueError(f"fastreduce.horovod: hvd.{what}: {rows} rows do not divide among "
+                             f"{size} ranks; give splits")
+        return [rows // size] * size
+    values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if len(values) != size or any(int(v) < 0 for v in values) or sum(values) != rows:
+        raise ValueError(f"fastreduce.horovod: hvd.{what}: splits {values} must be {size} "
+                         f"non-negative row counts summing to the tensor's {rows} rows")
+    return [int(v) for v in values]
+
+
+def _alltoall_start(tensor, splits, name, process_set):
+    comm = _set_comm(process_set, "alltoall")
+    began = timeline.now()
+    size = comm.Get_size()
+    sends: list[int] = []
+
+    def validate():
+        _check_tensor(tensor, "hvd.alltoall")
+        if tensor.dim() == 0:
+            raise ValueError("fastreduce.horovod: hvd.alltoall needs a tensor of at least one "
+                             "dimension (it splits the first)")
+        sends.extend(_splits_list(splits, tensor.shape[0], size, "alltoall"))
+
+    key = ("alltoall", str(tensor.dtype), tuple(tensor.shape[1:]), tensor.device.type)
+    _agree(comm, key, name, _described(key, ("dtype", "trailing shape", "device"), name),
+           validate)
+    event = timeline.begin("alltoall", name, began)
+    received = np.empty(size, np.int64)
+    comm.Alltoall(np.asarray(sends, np.int64), received)
+    row_bytes = int(np.prod(tensor.shape[1:], dtype=np.int64)) * tensor.element_size()
+    out = torch.empty((int(received.sum()), *tensor.shape[1:]), dtype=tensor.dtype)
+    send_bytes = [s * row_bytes for s in sends]
+    recv_bytes = [int(r) * row_bytes for r in received]
+    src = _host(tensor)
+    comm.Alltoallv([_buffer(src), (send_bytes, [0, *itertools.accumulate(send_bytes)][:-1]),
+                    MPI.BYTE],
+                   [_buffer(out), (recv_bytes, [0, *itertools.accumulate(recv_bytes)][:-1]),
+                    MPI.BYTE])
+    result = (out.to(tensor.device), torch.from_numpy(received.astype(np.int32)))
+    return _done("alltoall", name, comm, result, event)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
+    """Start an alltoall; synchronize() returns (output, received splits)."""
+    return _alltoall_start(tensor, splits, _name("alltoall", name), process_set)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = synchronize(_alltoall_start(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.process_set = process_set
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        back, _ = alltoall(grad.contiguous(), splits=ctx.received, process_set=ctx.process_set)
+        return back, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Rows of tensor sent to each rank by splits (default: equal); the rows received, and
+    with splits given also the received splits; differentiable."""
+    name = _name("alltoall", name)
+    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        out, received = _Alltoall.apply(tensor, splits, name, process_set)
+    else:
+        out, received = synchronize(_alltoall_start(tensor, splits, name, process_set))
+    return out if splits is None else (out, received)
+
+
+def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
+                         kind="reducescatter"):
+    comm = _set_comm(process_set, kind)
+    began = timeline.now()
+    size, me = comm.Get_size(), comm.Get_rank()
+
+    def validate():
+        _check_tensor(tensor, f"hvd.{kind}")
+        if op not in (Average, Sum, Min, Max, Product):
+            raise ValueError(f"fastreduce.horovod: hvd.{kind}: op {_OP_NAMES.get(op, op)} is "
+                             f"not supported; use hvd.Average or hvd.Sum")
+        _check_reduction(tensor, op, f"hvd.{kind}")
+        if tensor.dim() == 0:
+            raise ValueError(f"fastreduce.horovod: hvd.{kind} needs a tensor of at least one "
+                             f"dimension (it splits the first)")
+
+    key = (kind, str(tensor.dtype), tuple(tensor.shape), _OP_NAMES.get(op, op), prescale,
+           postscale, tensor.device.type)
+    _agree(comm, key, name, _described(key, ("dtype", "shape", "op", "prescale", "postscale",
+                                             "device"), name), validate)
+    event = timeline.begin(kind, name, began)
+    rows = tensor.shape[0]
+    mine = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+    row_elems = int(np.prod(tensor.shape[1:], dtype=np.int64))
+    src = _host(tensor).clone()
+    _scale_(src, prescale)
+    out = torch.empty((mine[me], *tensor.shape[1:]), dtype=tensor.dtype)
+    datatype, mpi_op = _core.mpi_reduction(src, _MPI_OPS[op])
+    comm.Reduce_scatter([_buffer(src), datatype], [_buffer(out), datatype],
+                        [m * row_elems for m in mine], mpi_op)
+    _scale_(out, postscale / size if op == Average else postscale)
+    return _done(kind, name, comm, out.to(tensor.device), event)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Start a reduce-scatter over dimension 0 (the first rows % size ranks get one row
+    more); a handle."""
+    return _reducescatter_start(tensor, _name("reducescatter", name), op, prescale_factor,
+                                postscale_factor, process_set)
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):
+        ctx.args = (op, process_set)
+        return synchronize(_reducescatter_start(tensor, name, op, prescale, postscale,
+                                                process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, process_set = ctx.args
+        gathered = allgather(grad.contiguous(), process_set=process_set)
+        if op == Average:
+            gathered = gathered / process_set.size()
+        return gathered, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """tensor reduced over the process set, this rank's share of dimension 0;
+    differentiable."""
+    name = _name("reducescatter", name)
+    compressed, context = compression.compress(tensor)
+    if torch.is_grad_enabled() and compressed.requires_grad:
+        out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                   process_set)
+    else:
+        out = synchronize(_reducescatter_start(compressed, name, op, prescale_factor,
+                                               postscale_factor, process_set))
+    return compression.decompress(out, context)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Start reduce-scatters of a list of tensors; a handle (a list of outputs)."""
+    name = _name("grouped_reducescatter", name)
+    results = [synchronize(_reducescatter_start(t, f"{name}.{i}", op, prescale_factor,
+                                                postscale_factor, process_set,
+                                                "grouped_reducescatter"))
+               for i, t in enumerate(tensors)]
+    return handles.start([], lambda: results, ("grouped_reducescatter", name), None)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0) -> list:
+    """Reduce-scatter of each tensor of a list; differentiable."""
+    name = _name("grouped_reducescatter", name)
+    return [reducescatter(t, f"{name}.{i}", compression, op, process_set, prescale_factor,
+                          postscale_factor) for i, t in enumerate(tensors)]
+
+
+# -- sparse, barrier, join --------------------------------------------------------------------
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> int:
+    """Start reducing a sparse COO tensor (allgather of indices and values); a handle whose
+    result is a coalesced sparse tensor."""
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise ValueError("fastreduce.horovod: sparse_allreduce_async takes a sparse COO tensor")
+    if op not in (Average, Sum):
+        raise ValueError(f"fastreduce.horovod: sparse_allreduce_async: op "
+                         f"{_OP_NAMES.get(op, op)} is not supported; use hvd.Average or hvd.Sum")
+    name = _name("sparse_allreduce", name)
+    t = tensor.coalesce()
+    indices = synchronize(_allgather_start(t.indices().t().contiguous(), f"{name}.indices",
+                                           process_set))
+    values = synchronize(_allgather_start(t.values().contiguous(), f"{name}.values",
+                                          process_set))
+    if op == Average:
+        values = values / process_set.size()
+    result = torch.sparse_coo_tensor(indices.t(), values, t.shape).coalesce()
+    return handles.start([], lambda: result, ("sparse_allreduce", name), None)
+
+
+def barrier(process_set=global_process_set) -> None:
+    """Wait until every rank of the process set has reached the barrier."""
+    comm = _set_comm(process_set, "barrier")
+    key = ("barrier",)
+    _agree(comm, key, "barrier", _described(key, (), "barrier"), lambda: None)
+    comm.Barrier()
+
+
+def join(device=-1) -> int:
+    """This rank has no more data: it takes part (with empty input) in the other ranks'
+    collectives on the global process set until every rank has joined; the last rank to
+    join."""
+    comm = _set_comm(global_process_set, "join")
+    first = True
+    while True:
+        followed = negotiation.follow(comm, first)
+        first = False
+        if followed[0] == "joined":
+            return followed[1]
+        fields, joined = followed
+        _check_joinable(fields, joined)
+        _take_part(comm, fields, device)
+
+
+def _take_part(comm, fields: dict, device) -> None:
+    """A joined rank's part in a collective the others run (described by fields)."""
+    call = fields["call"]
+    place = torch.device("cpu") if device is None or device < 0 else torch.device("cuda", device)
+    if call in ("allreduce", "grouped_allreduce"):
+        op = Average if fields["op"] == "Average" else Sum
+        zeros = [torch.zeros(shape, dtype=_dtype(d), device=place)
+                 for d, shape in zip(fields["dtype"], fields["shape"], strict=True)]
+        _run_allreduce(comm, zeros, zeros, op, 1.0, 1.0, None, None, blocking=True)
+    elif call in ("allgather", "grouped_allgather"):
+        _allgather_now(comm, torch.empty((0, *fields["trailing shape"]),
+                                         dtype=_dtype(fields["dtype"])))
+    elif call == "barrier":
+        comm.Barrier()
+    elif call == "broadcast":
+        out = torch.empty(fields["shape"], dtype=_dtype(fields["dtype"]))
+        comm.Bcast([_buffer(out), MPI.BYTE],
+                   root=global_process_set.ranks.index(fields["root rank"]))

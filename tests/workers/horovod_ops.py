@@ -1,0 +1,331 @@
+"""fastreduce.horovod's set-up, collectives, handles, autograd, process sets, join, timeline
+and errors, against references computed here from every rank's inputs (each rank can make
+every rank's input)."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import tempfile
+
+import torch
+from common import WORLD, Failures
+
+import fastreduce
+import fastreduce.horovod as hvd
+
+f = Failures()
+faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, before the timeout
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+FLOATS = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+INTS = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
+
+
+def make(r: int, shape, dtype, salt: int = 0):
+    """Rank r's input: small integers (exact in every dtype, products of up to 4 included)."""
+    g = torch.Generator().manual_seed(1000 * r + salt)
+    low = 0 if dtype == torch.uint8 else -2
+    return torch.randint(low, 3, shape, generator=g).to(dtype)
+
+
+def everyone(shape, dtype, salt=0):
+    return torch.stack([make(r, shape, dtype, salt).to(torch.float64) for r in range(size)])
+
+
+def same(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def check_basics():
+    f.check(hvd.is_initialized(), "is_initialized")
+    f.check((rank, size) == (WORLD.rank, WORLD.size), f"rank/size {rank}/{size}")
+    f.check(hvd.local_rank() == fastreduce.local_rank(), "local_rank")
+    f.check(hvd.local_size() == fastreduce.local_size(), "local_size")
+    nodes = size // hvd.local_size()
+    f.check(hvd.cross_size() == nodes and 0 <= hvd.cross_rank() < nodes,
+            f"cross {hvd.cross_rank()}/{hvd.cross_size()} on {nodes} nodes")
+    f.check(hvd.is_homogeneous(), "is_homogeneous")
+    f.check(hvd.mpi_enabled() and hvd.mpi_built() and not hvd.nccl_built()
+            and not hvd.gloo_enabled() and not hvd.ddl_built() and not hvd.ccl_built(),
+            "what is built")
+    f.check(hvd.mpi_threads_supported() in (True, False), "mpi_threads_supported")
+    f.check(hvd.global_process_set.size() == size and hvd.global_process_set.rank() == rank,
+            "global process set")
+
+
+def check_allreduce():
+    ops = {hvd.Sum: lambda s: s.sum(0), hvd.Min: lambda s: s.min(0).values,
+           hvd.Max: lambda s: s.max(0).values, hvd.Product: lambda s: s.prod(0),
+           hvd.Average: lambda s: s.sum(0) / size}
+    for dtype in FLOATS + INTS:
+        for shape in [(), (17,), (3, 4, 5)]:
+            for op, ref in ops.items():
+                x = make(rank, shape, dtype, op)
+                before = x.clone()
+                got = hvd.allreduce(x, op=op)
+                want = ref(everyone(shape, dtype, op))
+                if op == hvd.Average and not dtype.is_floating_point:
+                    want = want.trunc()
+                tol = {torch.float16: 1e-3, torch.bfloat16: 1e-2}.get(dtype, 1e-6)
+                ok = got.dtype == dtype and got.shape == x.shape and \
+                    torch.allclose(got.to(torch.float64), want, rtol=tol, atol=tol)
+                f.check(ok, f"allreduce {dtype} {shape} op {op}: {got} != {want}")
+                f.check(same(x, before), "allreduce modified its input")
+    x = make(rank, (6,), torch.float32, 7)
+    got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
+    f.check(torch.equal(got, (everyone((6,), torch.float32, 7).sum(0) / 2).float()),
+            "prescale/postscale")
+    got = hvd.allreduce(x, average=False)
+    f.check(torch.equal(got, everyone((6,), torch.float32, 7).sum(0).float()), "average=False")
+    y = x.clone()
+    out = hvd.allreduce_(y, op=hvd.Max, name="in.place")
+    f.check(out is y and torch.equal(y, everyone((6,), torch.float32, 7).max(0).values.float()),
+            "allreduce_ in place")
+    z = make(rank, (1000,), torch.float64, 8)
+    handle = hvd.allreduce_async_(z, op=hvd.Sum, name="async")
+    while not hvd.poll(handle):
+        pass
+    f.check(hvd.synchronize(handle) is z and torch.equal(z, everyone((1000,), torch.float64,
+                                                                      8).sum(0)), "async")
+    h2 = hvd.allreduce_async(make(rank, (5,), torch.int32, 9), op=hvd.Sum)
+    f.check(torch.equal(hvd.synchronize(h2), everyone((5,), torch.int32, 9).sum(0).int()),
+            "allreduce_async")
+    f.check(torch.equal(hvd.allreduce(make(rank, (4,), torch.float32, 10),
+                                      compression=hvd.Compression.fp16, op=hvd.Sum),
+                        everyone((4,), torch.float32, 10).sum(0).float()), "Compression.fp16")
+
+
+def check_grouped():
+    dtypes = [torch.float32, torch.int64, torch.float32, torch.float16]
+    shapes = [(3,), (2, 2), (5,), (4,)]
+    xs = [make(rank, s, d, 20 + i) for i, (s, d) in enumerate(zip(shapes, dtypes, strict=True))]
+    wants = [everyone(s, d, 20 + i).sum(0).to(d) for i, (s, d) in
+             enumerate(zip(shapes, dtypes, strict=True))]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    f.check(all(same(o, w) for o, w in zip(outs, wants, strict=True)), "grouped_allreduce")
+    handle = hvd.grouped_allreduce_async_(xs, op=hvd.Sum)
+    got = hvd.synchronize(handle)
+    f.check(all(o is x for o, x in zip(got, xs, strict=True)) and
+            all(same(x, w) for x, w in zip(xs, wants, strict=True)), "grouped_allreduce_async_")
+    ys = [make(rank, (3,), torch.float64, 30), make(rank, (2,), torch.float64, 31)]
+    avg = hvd.grouped_allreduce(ys)  # Average by default
+    f.check(all(torch.allclose(a, everyone(y.shape, torch.float64, 30 + i).mean(0))
+                for i, (a, y) in enumerate(zip(avg, ys, strict=True))), "grouped average")
+    gathered = hvd.grouped_allgather([torch.full((rank + 1,), rank), torch.ones(1, 2) * rank])
+    f.check(gathered[0].tolist() == [r for r in range(size) for _ in range(r + 1)] and
+            gathered[1].shape == (size, 2), "grouped_allgather")
+
+
+def check_movement():
+    for dtype in [torch.float32, torch.bfloat16, torch.int8, torch.bool, torch.complex64]:
+        x = (torch.arange((rank + 1) * 3).reshape(rank + 1, 3) + 10 * rank).to(dtype)
+        got = hvd.allgather(x)
+        want = torch.cat([(torch.arange((r + 1) * 3).reshape(r + 1, 3) + 10 * r).to(dtype)
+                          for r in range(size)])
+        f.check(same(got, want), f"allgather {dtype}")
+        for root in range(size):
+            t = make(rank, (2, 3), torch.float64, 40).to(dtype)
+            before = t.clone()
+            got = hvd.broadcast(t, root)
+            f.check(same(got, make(root, (2, 3), torch.float64, 40).to(dtype)) and
+                    same(t, before), f"broadcast {dtype} from {root}")
+            hvd.broadcast_(t, root)
+            f.check(same(t, got), f"broadcast_ {dtype} from {root}")
+    h = hvd.allgather_async(torch.tensor([rank]))
+    f.check(hvd.synchronize(h).tolist() == list(range(size)), "allgather_async")
+    # alltoall: rank r sends (r + d + 1) rows to rank d, row values 100 r + d
+    splits = [rank + d + 1 for d in range(size)]
+    rows = torch.cat([torch.full((n, 2), 100 * rank + d) for d, n in enumerate(splits)])
+    out, received = hvd.alltoall(rows, splits=splits)
+    want = torch.cat([torch.full((r + rank + 1, 2), 100 * r + rank) for r in range(size)])
+    f.check(same(out, want) and received.tolist() == [r + rank + 1 for r in range(size)],
+            f"alltoall with splits {out} {received}")
+    even = torch.arange(size * 2) + 1000 * rank
+    got = hvd.alltoall(even)
+    f.check(got.tolist() == [1000 * r + 2 * rank + k for r in range(size) for k in range(2)],
+            f"alltoall equal {got}")
+    # reducescatter: rows split as equally as may be, the first rows % size ranks one more
+    n = 2 * size + 1
+    x = make(rank, (n, 3), torch.float64, 50)
+    mine = [n // size + (1 if r < n % size else 0) for r in range(size)]
+    start = sum(mine[:rank])
+    total = everyone((n, 3), torch.float64, 50).sum(0)
+    got = hvd.reducescatter(x, op=hvd.Sum)
+    f.check(torch.equal(got, total[start:start + mine[rank]]), "reducescatter Sum")
+    got = hvd.reducescatter(x)  # Average by default
+    f.check(torch.allclose(got, total[start:start + mine[rank]] / size), "reducescatter Average")
+    outs = hvd.grouped_reducescatter([x, x * 2], op=hvd.Sum)
+    f.check(torch.equal(outs[1], 2 * total[start:start + mine[rank]]), "grouped_reducescatter")
+    hvd.barrier()
+
+
+def check_sparse():
+    i = torch.tensor([[rank % 3, 2], [0, rank % 2]])
+    v = torch.tensor([1.0 + rank, 2.0])
+    t = torch.sparse_coo_tensor(i, v, (3, 2), check_invariants=True)
+    got = hvd.synchronize(hvd.sparse_allreduce_async(t, "sparse", hvd.Sum))
+    want = sum(torch.sparse_coo_tensor(torch.tensor([[r % 3, 2], [0, r % 2]]),
+                                       torch.tensor([1.0 + r, 2.0]), (3, 2),
+                                       check_invariants=True).to_dense()
+               for r in range(size))
+    f.check(got.is_sparse and torch.equal(got.to_dense(), want), f"sparse {got}")
+
+
+def check_autograd():
+    w = [make(r, (4,), torch.float64, 60) for r in range(size)]  # each rank's upstream grad
+    for op, want in [(hvd.Sum, sum(w)), (hvd.Average, sum(w) / size)]:
+        x = make(rank, (4,), torch.float64, 61).requires_grad_()
+        (hvd.allreduce(x, op=op) * w[rank]).sum().backward()
+        f.check(torch.allclose(x.grad, want), f"allreduce grad op {op}")
+    # allgather: rank r contributes r + 1 rows; its gradient is the average over ranks of
+    # the upstream gradient's slice for those rows (Horovod's definition)
+    x = torch.ones(rank + 1, 2, dtype=torch.float64, requires_grad=True)
+    rows = sum(r + 1 for r in range(size))
+    ups = [make(r, (rows, 2), torch.float64, 62) for r in range(size)]
+    (hvd.allgather(x) * ups[rank]).sum().backward()
+    start = sum(r + 1 for r in range(rank))
+    f.check(torch.allclose(x.grad, (sum(ups) / size)[start:start + rank + 1]), "allgather grad")
+    x = make(rank, (3,), torch.float64, 63).requires_grad_()
+    (hvd.broadcast(x, 0) * w[rank][:3]).sum().backward()
+    want = sum(w)[:3] / size if rank == 0 else torch.zeros(3, dtype=torch.float64)
+    f.check(torch.allclose(x.grad, want), "broadcast grad")
+    x = make(rank, (size * 2, 2), torch.float64, 64).requires_grad_()
+    out = hvd.alltoall(x)
+    ups = [make(r, (size * 2, 2), torch.float64, 65) for r in range(size)]
+    (out * ups[rank]).sum().backward()
+    # x's rows 2d, 2d+1 went to rank d, where they are rows 2 rank, 2 rank + 1
+    want = torch.cat([ups[d][2 * rank:2 * rank + 2] for d in range(size)])
+    f.check(torch.equal(x.grad, want), "alltoall grad")
+    x = make(rank, (size, 2), torch.float64, 66).requires_grad_()
+    ups = [make(r, (1, 2), torch.float64, 67) for r in range(size)]
+    (hvd.reducescatter(x, op=hvd.Sum) * ups[rank]).sum().backward()
+    f.check(torch.equal(x.grad, torch.cat(ups)), "reducescatter grad")
+    xs = [make(rank, (2,), torch.float64, 68).requires_grad_() for _ in range(2)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    (outs[0] * w[rank][:2] + outs[1] * 2 * w[rank][:2]).sum().backward()
+    f.check(torch.allclose(xs[0].grad, sum(w)[:2]) and torch.allclose(xs[1].grad,
+                                                                      2 * sum(w)[:2]),
+            "grouped_allreduce grad")
+
+
+def check_process_sets():
+    evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    odds = hvd.add_process_set([r for r in range(size) if r % 2 == 1]) if size > 1 else None
+    mine = evens if rank % 2 == 0 else odds
+    x = torch.tensor([float(rank)])
+    got = hvd.allreduce(x, op=hvd.Sum, process_set=mine)
+    f.check(got.item() == sum(r for r in mine.ranks), f"process set allreduce {got}")
+    f.check(mine.included() and mine.rank() == mine.ranks.index(rank) and
+            mine.size() == len(mine.ranks), "process set queries")
+    root = mine.ranks[-1]
+    f.check(hvd.broadcast(x, root, process_set=mine).item() == root, "process set broadcast")
+    f.check(hvd.allgather(x, process_set=mine).tolist() == [float(r) for r in mine.ranks],
+            "process set allgather")
+    if size > 1:
+        other = odds if mine is evens else evens
+        f.expect(ValueError, ["not in", "process set"], lambda: hvd.allreduce(x,
+                                                                              process_set=other))
+        f.expect(ValueError, ["root_rank", "not in the process set"],
+                 lambda: hvd.broadcast(x, other.ranks[0], process_set=mine))
+    hvd.barrier(process_set=mine)
+    f.expect(ValueError, ["exists already"], lambda: hvd.add_process_set(list(range(size))))
+    f.check(hvd.remove_process_set(evens) and evens.process_set_id is None, "remove evens")
+    if odds is not None:
+        hvd.remove_process_set(odds)
+    f.expect(ValueError, ["global process set"],
+             lambda: hvd.remove_process_set(hvd.global_process_set))
+
+
+def check_join():
+    # the last rank runs out of data first; the others go on reducing and gathering
+    steps = 3
+    if rank == size - 1:
+        last = hvd.join()
+    else:
+        for step in range(steps):
+            got = hvd.allreduce(torch.tensor([1.0, float(rank)]), op=hvd.Sum, name=f"j{step}")
+            f.check(got.tolist() == [size - 1, sum(range(size - 1))], f"joined allreduce {got}")
+            g = hvd.allgather(torch.tensor([rank]), name=f"g{step}")
+            f.check(g.tolist() == list(range(size - 1)), f"joined allgather {g}")
+        hvd.barrier()
+        last = hvd.join()
+    f.check(last == (size - 2 if size > 1 else 0), f"join returned {last}")
+
+
+def check_timeline():
+    path = os.path.join(tempfile.gettempdir(), f"hvd_timeline_{os.getpid()}.json")
+    hvd.start_timeline(path)
+    hvd.allreduce(torch.ones(3), name="traced")
+    hvd.synchronize(hvd.allgather_async(torch.ones(2), name="gathered"))
+    hvd.stop_timeline()
+    with open(path) as fh:
+        events = json.load(fh)
+    os.unlink(path)
+    names = {(e["name"], e["tid"]) for e in events}
+    f.check({("NEGOTIATE_ALLREDUCE", "traced"), ("ALLREDUCE", "traced"),
+             ("ALLGATHER", "gathered")} <= names, f"timeline events {names}")
+    f.check(all(e["ph"] == "X" and e["dur"] >= 0 for e in events), "timeline event form")
+
+
+def check_errors():
+    x = torch.ones(4)
+    shape = (4,) if rank else (5,)
+    if size > 1:
+        f.expect_everywhere(lambda: hvd.allreduce(torch.ones(shape)), ["shape", "rank 0"])
+        f.expect_everywhere(lambda: hvd.allreduce(x.to(torch.float64 if rank else torch.float32)),
+                            ["dtype"])
+        f.expect_everywhere(lambda: hvd.allreduce(x, op=hvd.Sum if rank else hvd.Max), ["op"])
+        f.expect_everywhere(lambda: hvd.broadcast(x, rank % 2), ["root rank"])
+        f.expect_everywhere(lambda: hvd.allreduce(x, name=f"n{rank % 2}"), ["name"])
+        f.expect_everywhere(lambda: hvd.allgather(torch.ones(2, 1 + (rank == 0))),
+                            ["trailing shape"])
+        bad = torch.ones(4, 4).t() if rank == 0 else torch.ones(4, 4)
+        f.expect_everywhere(lambda: hvd.allreduce(bad), ["rank 0", "contiguous"],
+                            own_error=ValueError)
+        f.expect_everywhere(lambda: hvd.allgather(x) if rank else hvd.barrier(), ["call"])
+    f.expect(ValueError, ["Adasum", "hvd.Average"], lambda: hvd.allreduce(x, op=hvd.Adasum), x)
+    f.expect(ValueError, ["bool"], lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool),
+                                                         op=hvd.Sum))
+    if size > 1:
+        f.expect(ValueError, ["splits"], lambda: hvd.alltoall(torch.ones(size * 2 + 1)))
+        f.expect(ValueError, ["splits"], lambda: hvd.alltoall(torch.ones(3), splits=[3] * size))
+    f.expect(ValueError, ["both"], lambda: hvd.allreduce(x, average=True, op=hvd.Sum))
+    h = hvd.allreduce_async(x, name="dup")
+    f.expect(ValueError, ["dup", "in flight"], lambda: hvd.allreduce_async(x, name="dup"))
+    hvd.synchronize(h)
+    f.expect(ValueError, ["not pending"], lambda: hvd.synchronize(h))
+    # after errors the collectives still work
+    f.check(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size, size], "after errors")
+
+
+def check_restart():
+    hvd.shutdown()
+    f.check(not hvd.is_initialized(), "shutdown")
+    f.expect(ValueError, ["hvd.init()"], lambda: hvd.rank())
+    first = hvd.ProcessSet([0])
+    hvd.init(process_sets=[first] if size > 1 else None)
+    if size > 1:
+        f.check(first.process_set_id is not None and first.ranks == [0], f"static set {first}")
+        if rank == 0:
+            f.check(hvd.allreduce(torch.ones(1), process_set=first).item() == 1.0, "static set")
+    f.expect(ValueError, ["dynamic"], lambda: hvd.add_process_set([0]))
+
+
+f.run("basics", check_basics)
+f.run("allreduce", check_allreduce)
+f.run("grouped", check_grouped)
+f.run("movement", check_movement)
+f.run("sparse", check_sparse)
+f.run("autograd", check_autograd)
+hvd.shutdown()
+hvd.init(process_sets="dynamic")
+if size > 1:  # on one rank every set would be the global one
+    f.run("process sets", check_process_sets)
+f.run("join", check_join)
+f.run("timeline", check_timeline)
+f.run("errors", check_errors)
+f.run("restart", check_restart)
+hvd.shutdown()
+f.finish()
