@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fastreduce"
 # `fastreduce`, and the modules keeping the public names fastreduce.nn etc. working
 PUBLIC = {"fastreduce", "fastreduce.nn", "fastreduce.distributed", "fastreduce.distdl",
-          "fastreduce.ops", "fastreduce.autograd", "fastreduce.gradsync"}
+          "fastreduce.ops", "fastreduce.autograd", "fastreduce.gradsync", "fastreduce.horovod"}
 TOOL_NAMES = {"fastreduce.bench", "fastreduce.cluster", "fastreduce.info"}
 LAYERS = ("backend", "core", "torch", "public", "tools", "tool names")
 CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+(\.*[\w.]*)\s+c?import\s+([\w., ()*]+)|"

@@ -1,9 +1,4 @@
-"""Set-up and queries: init, shutdown, rank, size, local and cross ranks, what is built.
-
-The Horovod world is an MPI communicator (COMM_WORLD unless init() is given one); the
-node-local communicator comes from MPI_Comm_split_type(SHARED) and the cross-node one
-from splitting the world by local rank, both made once at init().
-"""
+"""Set-up and queries: init, shutdown, rank, size, local and cross ranks, what is built."""
 
 from __future__ import annotations
 
@@ -11,30 +6,9 @@ import os
 
 from mpi4py import MPI
 
-from ... import watchdog
-
-
-class _World:
-    """What init() made: the world communicator and the node and cross-node ones."""
-
-    def __init__(self, comm: MPI.Intracomm):
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        with watchdog.recorded("fastreduce.horovod.init: node and cross-node communicators",
-                               comm):
-            self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-            self.cross = comm.Split(self.local.Get_rank(), key=self.rank)
-            sizes = comm.allgather(self.local.Get_size())
-        self.homogeneous = len(set(sizes)) == 1
-
-    def free(self) -> None:
-        for c in (self.cross, self.local, self.comm):
-            if c != MPI.COMM_NULL:
-                c.Free()
-
-
-_world: _World | None = None
+from . import handles, timeline, world
+from . import process_sets as _process_sets
+from .world import _the_world
 
 
 def _ranks_comm(ranks, parent: MPI.Intracomm) -> MPI.Intracomm:
@@ -53,11 +27,7 @@ def _ranks_comm(ranks, parent: MPI.Intracomm) -> MPI.Intracomm:
 def init(comm=None, process_sets=None) -> None:
     """Start Horovod over MPI: comm is an mpi4py communicator or a list of COMM_WORLD ranks
     (default: all of COMM_WORLD); process_sets a list of ProcessSet, or "dynamic"."""
-    global _world
-    from . import process_sets as _sets
-    from . import timeline
-
-    if _world is not None:
+    if world.current is not None:
         return  # as Horovod: a second init() is a no-op
     if comm is None:
         comm = MPI.COMM_WORLD.Dup()
@@ -70,13 +40,13 @@ def init(comm=None, process_sets=None) -> None:
     else:
         raise TypeError(f"fastreduce.horovod.init: comm must be an mpi4py Intracomm or a list "
                         f"of ranks, not {type(comm).__qualname__}")
-    _world = _World(comm)
+    made = world.World(comm)
     try:
-        _sets._start(_world.comm, process_sets)
+        _process_sets._start(made.comm, process_sets)
     except BaseException:
-        _world.free()
-        _world = None
+        made.free()
         raise
+    world.current = made
     path = os.environ.get("HOROVOD_TIMELINE")
     if path:
         timeline.start_timeline(path, mark_cycles=os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES")
@@ -85,27 +55,18 @@ def init(comm=None, process_sets=None) -> None:
 
 def shutdown() -> None:
     """End Horovod: pending operations are completed, process sets and communicators freed."""
-    global _world
-    from . import handles, process_sets, timeline
-
-    if _world is None:
+    if world.current is None:
         return
     handles._finish_all()
     timeline.stop_timeline()
-    process_sets._stop()
-    _world.free()
-    _world = None
+    _process_sets._stop()
+    world.current.free()
+    world.current = None
 
 
 def is_initialized() -> bool:
     """Whether init() has run (and shutdown() has not)."""
-    return _world is not None
-
-
-def _the_world() -> _World:
-    if _world is None:
-        raise ValueError("fastreduce.horovod has not been initialized; call hvd.init() first")
-    return _world
+    return world.current is not None
 
 
 def rank() -> int:

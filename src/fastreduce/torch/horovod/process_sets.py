@@ -8,6 +8,7 @@ import os
 from mpi4py import MPI
 
 from ... import checks
+from .world import _the_world
 
 
 class ProcessSet:
@@ -35,17 +36,13 @@ class ProcessSet:
 
     def rank(self) -> int:
         """This process's rank within the set (-1 if not included)."""
-        from .basics import rank
-
         ranks = self._registered().ranks
-        me = rank()
+        me = _the_world().rank
         return ranks.index(me) if me in ranks else -1
 
     def included(self) -> bool:
         """Whether this process belongs to the set."""
-        from .basics import rank
-
-        return rank() in self._registered().ranks
+        return _the_world().rank in self._registered().ranks
 
     def _registered(self) -> ProcessSet:
         if self.process_set_id is None or self.ranks is None:
@@ -124,8 +121,6 @@ def add_process_set(process_set) -> ProcessSet:
     """Register a process set (a ProcessSet or a list of ranks) on every rank (collective;
     needs dynamic process sets: HOROVOD_DYNAMIC_PROCESS_SETS=1 or init(process_sets=
     "dynamic"))."""
-    from .basics import _the_world
-
     world = _the_world().comm
     if not _dynamic:
         raise ValueError("fastreduce.horovod: add_process_set needs dynamic process sets: set "
@@ -136,8 +131,6 @@ def add_process_set(process_set) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a process set on every rank (collective); False if it was not registered."""
-    from .basics import _the_world
-
     world = _the_world().comm
     if not _dynamic:
         raise ValueError("fastreduce.horovod: remove_process_set needs dynamic process sets "
@@ -163,8 +156,6 @@ def _comm_of(ps: ProcessSet, what: str) -> MPI.Intracomm:
                         f"{type(ps).__qualname__}")
     ps._registered()
     if ps.comm is None:
-        from .basics import rank
-
-        raise ValueError(f"fastreduce.horovod: {what}: rank {rank()} is not in the process set "
-                         f"{ps!r}; only its ranks may call collectives on it")
+        raise ValueError(f"fastreduce.horovod: {what}: rank {_the_world().rank} is not in the "
+                         f"process set {ps!r}; only its ranks may call collectives on it")
     return ps.comm

@@ -9,6 +9,8 @@ import os
 import threading
 import time
 
+from .world import _the_world
+
 _file = None
 _lock = threading.Lock()
 _first = True
@@ -22,8 +24,6 @@ def _now_us() -> float:
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Write the timeline of this rank's operations to file_path (a JSON array)."""
     global _file, _first, _mark_cycles
-    from .basics import _the_world
-
     _the_world()
     with _lock:
         if _file is not None:
