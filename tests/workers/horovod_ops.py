@@ -254,6 +254,38 @@ def check_join():
     f.check(last == (size - 2 if size > 1 else 0), f"join returned {last}")
 
 
+def check_join_optimizer():
+    """The last rank trains one step and joins; the others train two, the joined rank's
+    share of the second step's average being zero."""
+    torch.manual_seed(5)
+    model = torch.nn.Linear(3, 2, dtype=torch.float64)
+    reference = torch.nn.Linear(3, 2, dtype=torch.float64)
+    reference.load_state_dict(model.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    data = [make(r, (4, 3), torch.float64, 70) for r in range(size)]
+    mine = 1 if rank == size - 1 and size > 1 else 2
+    for step in range(2):
+        active = [r for r in range(size) if step < (1 if r == size - 1 and size > 1 else 2)]
+        grads = []
+        for r in active:  # the reference: each rank's gradient, averaged over all ranks
+            reference.zero_grad()
+            reference(data[r] * (step + 1)).pow(2).sum().backward()
+            grads.append([q.grad.clone() for q in reference.parameters()])
+        with torch.no_grad():
+            for i, q in enumerate(reference.parameters()):
+                q -= 0.1 * sum(g[i] for g in grads) / size
+        if step < mine:
+            opt.zero_grad()
+            model(data[rank] * (step + 1)).pow(2).sum().backward()
+            opt.step()
+            f.check(all(torch.allclose(a, b) for a, b in
+                        zip(model.parameters(), reference.parameters(), strict=True)),
+                    f"DistributedOptimizer step {step} with a joined rank")
+    last = hvd.join()
+    f.check(last == (size - 2 if size > 1 else 0), f"join after training returned {last}")
+
+
 def check_timeline():
     path = os.path.join(tempfile.gettempdir(), f"hvd_timeline_{os.getpid()}.json")
     hvd.start_timeline(path)
@@ -324,6 +356,7 @@ hvd.init(process_sets="dynamic")
 if size > 1:  # on one rank every set would be the global one
     f.run("process sets", check_process_sets)
 f.run("join", check_join)
+f.run("join with DistributedOptimizer", check_join_optimizer)
 f.run("timeline", check_timeline)
 f.run("errors", check_errors)
 f.run("restart", check_restart)

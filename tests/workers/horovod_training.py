@@ -49,7 +49,7 @@ def close(a, b, tol):
     return torch.allclose(a, b, rtol=tol, atol=tol)
 
 
-def train(what, make_opt, *, steps=3, passes=1, dtype=torch.float64, tol=1e-11, members=None,
+def train(what, make_opt, *, steps=2, passes=1, dtype=torch.float64, tol=1e-11, members=None,
           scale=None, clip=None, **kwargs):
     """Train a DistributedOptimizer on each rank's slices and a plain optimizer on the slices
     of `members` (default: all ranks; their losses averaged, or summed with op=Sum)."""
@@ -269,8 +269,8 @@ def broadcasts():
     for kind, make in makers.items():
         for root_steps, my_steps in ((2, 0), (1, 3)):
             mine = stepped(make, rank, root_steps if rank == root else my_steps)
-            if kind == "Adam" and rank != root:
-                mine = hvd.DistributedOptimizer(mine)  # a wrapped optimizer works alike
+            if kind == "Adam":  # a wrapped optimizer works alike (wrapping is collective)
+                mine = hvd.DistributedOptimizer(mine)
             hvd.broadcast_optimizer_state(mine, root_rank=root)
             want = stepped(make, root, root_steps).state_dict()
             got = mine.state_dict()
@@ -294,7 +294,7 @@ def broadcasts():
 
 def sync_batch_norm():
     for shape, sizes, momentum in (((3, 4), [r + 2 for r in range(P)], 0.1),
-                                   ((3,), [2 * r + (1 if P == 1 else 0) for r in range(P)], None)):
+                                   ((3,), [2 * r for r in range(P)] if P > 1 else [2], None)):
         total = sum(sizes)
         start = sum(sizes[:rank])
         g = torch.Generator().manual_seed(11)
@@ -318,8 +318,7 @@ def sync_batch_norm():
             (y * coef[start:start + sizes[rank]]).sum().backward()
             (yr * coef).sum().backward()
             fails.check(close(x.grad, xr.grad[start:start + sizes[rank]], 1e-11),
-                        f"{what} step {step}: input gradient differs by "
-                        f"{(x.grad - xr.grad[start:start + sizes[rank]]).abs().max():.3g}")
+                        f"{what} step {step}: input gradient differs")
             for name in ("weight", "bias"):
                 local = getattr(sbn, name).grad
                 summed = torch.from_numpy(WORLD.allreduce(local.numpy()))

@@ -121,7 +121,12 @@ def _check_joinable(fields: dict, joined: list) -> None:
     """Raise, on the joined ranks and the others alike, for a call joined ranks cannot
     take part in."""
     call = fields["call"]
-    if call in ("allreduce", "grouped_allreduce"):
+    if call == "bucket":
+        if fields["op"] not in ("avg", "sum"):
+            raise HorovodMismatch(f"fastreduce.horovod: ranks {joined} have joined; they take "
+                                  f"part in DistributedOptimizer's reductions with hvd.Average "
+                                  f"or hvd.Sum only")
+    elif call in ("allreduce", "grouped_allreduce"):
         if fields["op"] not in ("Average", "Sum"):
             raise HorovodMismatch(f"fastreduce.horovod: ranks {joined} have joined; they take "
                                   f"part in an allreduce with hvd.Average or hvd.Sum only, not "
@@ -219,6 +224,24 @@ def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, 
         finally:
             timeline.end(event)
     return handles.start(requests, finish, key, event)
+
+
+_BUCKET_FIELDS = ("op", "dtype", "elements", "device", "wire")
+
+
+def _bucket_start(flat: torch.Tensor, op: str, process_set: ProcessSet, name: str, wire):
+    """DistributedOptimizer's bucket: a negotiated non-blocking all-reduce of a flat buffer
+    with fastreduce's op name and wire compression (ranks that have joined take part); the
+    fastreduce Request."""
+    comm = _set_comm(process_set, "DistributedOptimizer")
+    began = timeline.now()
+    key = ("bucket", op, str(flat.dtype), flat.numel(), flat.device.type, wire)
+    _agree(comm, key, name, _described(key, _BUCKET_FIELDS, name), lambda: None)
+    event = timeline.begin("allreduce", name, began)
+    request = _core.iallreduce_(flat, op, comm=comm, compression=wire)
+    if event is not None:
+        request.add_done_callback(lambda _: timeline.end(event))
+    return request
 
 
 class _Allreduce(torch.autograd.Function):
@@ -713,8 +736,9 @@ def barrier(process_set=global_process_set) -> None:
 
 
 def join(device=-1) -> int:
-    """This rank has no more data: it takes part (with empty input) in the other ranks'
-    collectives on the global process set until every rank has joined; the last rank to
+    """This rank has no more data: it takes part (with empty input: zeros, no rows) in the
+    other ranks' allreduce, allgather, broadcast, barrier and DistributedOptimizer
+    reductions on the global process set until every rank has joined; the last rank to
     join."""
     comm = _set_comm(global_process_set, "join")
     first = True
@@ -732,7 +756,10 @@ def _take_part(comm, fields: dict, device) -> None:
     """A joined rank's part in a collective the others run (described by fields)."""
     call = fields["call"]
     place = torch.device("cpu") if device is None or device < 0 else torch.device("cuda", device)
-    if call in ("allreduce", "grouped_allreduce"):
+    if call == "bucket":
+        zeros = torch.zeros(fields["elements"], dtype=_dtype(fields["dtype"]), device=place)
+        _core.iallreduce_(zeros, fields["op"], comm=comm, compression=fields["wire"]).wait()
+    elif call in ("allreduce", "grouped_allreduce"):
         op = Average if fields["op"] == "Average" else Sum
         zeros = [torch.zeros(shape, dtype=_dtype(d), device=place)
                  for d, shape in zip(fields["dtype"], fields["shape"], strict=True)]

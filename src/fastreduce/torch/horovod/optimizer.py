@@ -4,8 +4,9 @@ Gradients are fused into flat buckets, as `fastreduce.GradientSync` does: each p
 .grad becomes a view into its bucket, and a bucket's in-place non-blocking all-reduce starts
 as soon as its last gradient has been accumulated (on the last of `backward_passes_per_step`
 passes). Buckets are made from the parameter order and sizes alone and start in a fixed
-order, so every rank issues the same collectives in the same order without the per-call
-negotiation of `hvd.allreduce_async_`.
+order, so every rank issues the same collectives in the same order; each bucket is
+negotiated as hvd.allreduce_async_ is (one small exchange), so that a rank that has called
+hvd.join() takes part in it with zeros and a rank whose buckets differ raises everywhere.
 
 Bucket size: HOROVOD_FUSION_THRESHOLD bytes (0: a bucket per parameter). When it is unset,
 25 MiB rather than Horovod's 64 MiB: Horovod sends what is ready every cycle (5 ms) whatever
@@ -16,9 +17,9 @@ Compression.fp16 on float32 gradients uses fastreduce's wire compression (sent a
 summed in float32) when the progress engine is on; otherwise, and for other dtypes or other
 compressors, each bucket is compressed with the compressor, reduced, and decompressed.
 
-Not supported: Adasum (use Average or Sum), and hvd.join() during the optimizer's
-reductions (a rank without data can still call optimizer.step() after no backward pass: it
-contributes zeros, as with Horovod).
+Not supported: Adasum (use Average or Sum). A rank without data may either call hvd.join()
+or call optimizer.step() after no backward pass: either way it contributes zeros, as with
+Horovod.
 """
 
 from __future__ import annotations
@@ -32,11 +33,20 @@ import torch
 
 from ... import checks
 from ...backend import engine as _engine
-from ...backend.collectives import iallreduce_
 from ..gradsync import flat_views, plan_buckets
 from .basics import size
 from .compression import Compression, FP16Compressor, NoneCompressor
-from .ops import Adasum, Average, Max, Min, Product, Sum, sparse_allreduce_async, synchronize
+from .ops import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    _bucket_start,
+    sparse_allreduce_async,
+    synchronize,
+)
 from .process_sets import global_process_set
 
 __all__ = ["DistributedOptimizer"]
@@ -273,8 +283,8 @@ class _DistributedOptimizer:
                 if not sent.is_contiguous():
                     sent = sent.contiguous()
             bucket.sent, bucket.ctx = sent, ctx
-            bucket.request = iallreduce_(sent, self._hvd_opname, comm=self._hvd_comm,
-                                         compression=wire)
+            bucket.request = _bucket_start(sent, self._hvd_opname, self.process_set,
+                                           f"DistributedOptimizer.bucket.{b}", wire)
         self._hvd_next = b + 1
 
     def _hvd_progress(self) -> None:
