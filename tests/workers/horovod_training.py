@@ -286,6 +286,9 @@ def broadcasts():
     got = hvd.broadcast_object(obj, root_rank=root)
     fails.check(got == {"rank": root, "list": list(range(root + 2)), "text": "x" * (5 * root)},
                 f"broadcast_object gave {got}")
+    got = hvd.broadcast_object(obj if rank == root else None, root_rank=root)
+    fails.check(got == {"rank": root, "list": list(range(root + 2)), "text": "x" * (5 * root)},
+                f"broadcast_object with None elsewhere gave {got}")
     got = hvd.allgather_object(obj)
     fails.check(got == [{"rank": r, "list": list(range(r + 2)), "text": "x" * (5 * r)}
                         for r in range(P)], f"allgather_object gave {got}")

@@ -122,9 +122,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=global_proc
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
                      process_set=global_process_set):
-    """Return root_rank's `obj` on every rank (pickled: its size, then its bytes)."""
-    if name is None:
-        name = type(obj).__name__
+    """Return root_rank's `obj` on every rank (pickled: its size, then its bytes); the other
+    ranks' obj is ignored (None will do)."""
+    if name is None:  # not the object's type, which differs where non-root ranks pass None
+        name = "broadcast_object"
     if rank() == root_rank:
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         nbytes = torch.tensor([payload.numel()], dtype=torch.int64)
@@ -142,7 +143,7 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj, name: str | None = None, process_set=global_process_set) -> list:
     """Return every rank's `obj`, in rank order (pickled: the sizes, then the bytes)."""
     if name is None:
-        name = type(obj).__name__
+        name = "allgather_object"
     payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sz",
                       process_set=process_set).tolist()

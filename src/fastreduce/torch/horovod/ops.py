@@ -80,15 +80,22 @@ def _check_tensor(t, what: str) -> None:
                          f"contiguous; call .contiguous() first")
 
 
+_reducible: set = set()  # (dtype, op) pairs the core has accepted
+
+
 def _check_reduction(t, op: int, what: str) -> None:
+    if (t.dtype, op) in _reducible:
+        return
     if op == Adasum:
         raise ValueError(f"fastreduce.horovod: {what}: op=hvd.Adasum is not implemented by "
                          f"fastreduce.horovod; use hvd.Average or hvd.Sum")
     _core.mpi_reduction(t, _MPI_OPS[op])  # refuses a dtype the op cannot reduce (bool sum)
+    _reducible.add((t.dtype, op))
 
 
-def _dtype(text: str) -> torch.dtype:
-    return getattr(torch, text.split(".")[-1])
+def _dtype(value) -> torch.dtype:
+    """A dtype from a call's description (a torch.dtype, or its text)."""
+    return value if isinstance(value, torch.dtype) else getattr(torch, value.split(".")[-1])
 
 
 def _set_comm(process_set: ProcessSet, what: str) -> MPI.Intracomm:
@@ -160,9 +167,14 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
     a handle whose result is the outputs (a list); blocking, the outputs at once."""
     comm = _set_comm(process_set, kind)
     began = timeline.now()
-    key = (kind, _OP_NAMES.get(op, op), tuple(str(t.dtype) for t in tensors),
-           tuple(tuple(t.shape) for t in tensors), tuple(t.device.type for t in tensors),
-           prescale, postscale)
+    if len(tensors) == 1:
+        t = tensors[0]
+        key = (kind, _OP_NAMES.get(op, op), (t.dtype,), (t.shape,), (t.device.type,),
+               prescale, postscale)
+    else:
+        key = (kind, _OP_NAMES.get(op, op), tuple(t.dtype for t in tensors),
+               tuple(t.shape for t in tensors), tuple(t.device.type for t in tensors),
+               prescale, postscale)
 
     def validate():
         for i, t in enumerate(tensors):
@@ -282,7 +294,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """The tensor reduced (default: averaged) over the process set; differentiable."""
     op = _op_of(op, average, "allreduce")
     name = _name("allreduce", name)
-    compressed, context = compression.compress(tensor)
+    if compression is Compression.none:
+        compressed, context = tensor, None
+    else:
+        compressed, context = compression.compress(tensor)
     if torch.is_grad_enabled() and isinstance(compressed, torch.Tensor) and \
             compressed.requires_grad:
         out = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
@@ -290,7 +305,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     else:
         out = _allreduce_start([compressed], [None], name, op, prescale_factor,
                                postscale_factor, process_set, "allreduce", blocking=True)[0]
-    return compression.decompress(out, context)
+    return out if compression is Compression.none else compression.decompress(out, context)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
