@@ -92,6 +92,11 @@ def check_allreduce():
     h2 = hvd.allreduce_async(make(rank, (5,), torch.int32, 9), op=hvd.Sum)
     f.check(torch.equal(hvd.synchronize(h2), everyone((5,), torch.int32, 9).sum(0).int()),
             "allreduce_async")
+    # one rank waits at once, the others later: the same collective for MPI
+    w = make(rank, (3,), torch.float64, 11)
+    got = hvd.allreduce(w, op=hvd.Sum, name="mixed") if rank == 0 else \
+        hvd.synchronize(hvd.allreduce_async(w, op=hvd.Sum, name="mixed"))
+    f.check(torch.equal(got, everyone((3,), torch.float64, 11).sum(0)), "blocking with async")
     f.check(torch.equal(hvd.allreduce(make(rank, (4,), torch.float32, 10),
                                       compression=hvd.Compression.fp16, op=hvd.Sum),
                         everyone((4,), torch.float32, 10).sum(0).float()), "Compression.fp16")

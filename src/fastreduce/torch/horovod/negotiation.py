@@ -18,7 +18,7 @@ from mpi4py import MPI
 from ...checks import _ranks_by_value, _ranks_text
 from ...errors import CollectiveMismatch, FastreduceError
 
-ACTIVE, JOINED, REFUSED = 0, 1, 2
+ACTIVE, JOINED, REFUSED, BLOCKING = 0, 1, 2, 4  # BLOCKING: ACTIVE, and waits at once
 _MASK = (1 << 62) - 1
 _digests: dict = {}
 _buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -58,16 +58,20 @@ def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray,
 
 
 def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dict],
-          error: BaseException | None = None):
-    """Collective over the set's comm: None when every rank submitted this call (key and
-    name; describe() makes the call's description, needed only when they differ); a list of
-    the joined ranks when some have joined (they take part); raises on every rank when the
-    calls differ or a rank passes an `error` (its own, raised there)."""
-    status = ACTIVE if error is None else REFUSED
-    _, alike = _exchange(comm, status, _digest(key, name))
-    if alike and status == ACTIVE:
-        return None
-    return _slow(comm, (status, describe(), _error_text(error)), error)
+          error: BaseException | None = None, blocking: bool = False):
+    """Collective over the set's comm: (joined ranks, whether every rank waits at once).
+    Every rank submitted this call (key and name; describe() makes the call's description,
+    needed only when they differ); the joined ranks, if any, take part. Raises on every
+    rank when the calls differ or a rank passes an `error` (its own, raised there)."""
+    status = REFUSED if error is not None else BLOCKING if blocking else ACTIVE
+    everyone, alike = _exchange(comm, status, _digest(key, name))
+    if alike and status != REFUSED:
+        return None, blocking
+    statuses = everyone[:, 0]
+    if ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and \
+            (everyone[:, 1] == everyone[0, 1]).all():
+        return None, False  # some wait at once, some later: all take the non-blocking path
+    return _slow(comm, (status, describe(), _error_text(error)), error), False
 
 
 def follow(comm: MPI.Intracomm, first: bool):
@@ -91,7 +95,7 @@ def _slow(comm: MPI.Intracomm, mine: tuple, error):
         raise HorovodMismatch(f"fastreduce.horovod: {_ranks_text([r for r, _ in refused])} "
                               f"refused the collective, so no rank runs it ({listing})")
     joined = [r for r, (s, _, _) in enumerate(everyone) if s == JOINED]
-    active = [(r, f) for r, (s, f, _) in enumerate(everyone) if s == ACTIVE]
+    active = [(r, f) for r, (s, f, _) in enumerate(everyone) if s != JOINED]
     if not active:
         firsts = [r for r, (_, f, _) in enumerate(everyone) if f["first"]]
         return "joined", max(firsts) if firsts else comm.Get_size() - 1

@@ -102,9 +102,10 @@ def _set_comm(process_set: ProcessSet, what: str) -> MPI.Intracomm:
     return _comm_of(process_set, f"hvd.{what}")
 
 
-def _agree(comm, key: tuple, name: str, describe, validate) -> list | None:
+def _agree(comm, key: tuple, name: str, describe, validate, blocking: bool = False):
     """Validate locally (the exception becomes every rank's), then agree on the call (key
-    and name; describe() its description as a dict); the joined ranks, if any."""
+    and name; describe() its description as a dict): (joined ranks, whether every rank
+    waits for the call at once)."""
     error = None
     try:
         validate()
@@ -113,10 +114,10 @@ def _agree(comm, key: tuple, name: str, describe, validate) -> list | None:
     if error is None and handles.in_flight((id(comm), name)):
         error = ValueError(f"fastreduce.horovod: a {key[0]} named {name!r} is in flight "
                            f"already; synchronize it first or give another name")
-    joined = negotiation.agree(comm, key, name, describe, error)
+    joined, everyone_blocking = negotiation.agree(comm, key, name, describe, error, blocking)
     if joined:
         _check_joinable(describe(), joined)
-    return joined
+    return joined, everyone_blocking
 
 
 def _described(key: tuple, names: tuple, name: str):
@@ -181,14 +182,18 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
             _check_tensor(t, f"hvd.{kind}: tensor {i}")
             _check_reduction(t, op, f"hvd.{kind}")
 
-    _agree(comm, key, name, _described(key, _ALLREDUCE_FIELDS, name), validate)
+    _, everyone_blocking = _agree(comm, key, name, _described(key, _ALLREDUCE_FIELDS, name),
+                                  validate, blocking)
     event = timeline.begin(kind, name, began)
     return _run_allreduce(comm, tensors, outputs, op, prescale, postscale, (id(comm), name),
-                          event, blocking)
+                          event, blocking, everyone_blocking)
 
 
-def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, blocking=False):
-    """Reduce tensors into outputs (None: a new tensor); the outputs, or a handle."""
+def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, blocking=False,
+                   everyone_blocking=False):
+    """Reduce tensors into outputs (None: a new tensor); the outputs (blocking), or a
+    handle. Every rank takes the same path: MPI does not match MPI_Allreduce with
+    MPI_Iallreduce, so the blocking call only where every rank waits at once."""
     for i, t in enumerate(tensors):
         out = outputs[i]
         if out is None:
@@ -211,10 +216,10 @@ def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, 
         else:
             flat = torch.cat([m.reshape(-1) for m in members])
             unpack.append((flat, members))
-        # Non-blocking always (on the engine, or MPI's own MPI_Iallreduce): a rank's blocking
-        # allreduce must match another's allreduce_async, and MPI does not match
-        # MPI_Allreduce with MPI_Iallreduce.
-        requests.append(_core.iallreduce_(flat, _MPI_OPS[op], comm=comm))
+        if everyone_blocking:
+            _core.allreduce_(flat, _MPI_OPS[op], comm=comm)
+        else:  # on the progress engine, or MPI's own MPI_Iallreduce
+            requests.append(_core.iallreduce_(flat, _MPI_OPS[op], comm=comm))
     factor = postscale / comm.Get_size() if op == Average else postscale
 
     def finish():
