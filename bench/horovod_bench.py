@@ -7,16 +7,15 @@ Every variant runs in the same job, alternated, and every ratio is the median of
 ratios within each run:
 
   step      one SGD step of the 10M-parameter MLP of bench/gradsync_bench.py (100 tensors):
-            no communication; fastreduce.GradientSync; hvd.DistributedOptimizer, with
-            Compression.none and Compression.fp16
+            no communication; fastreduce.GradientSync (float32, and compression="fp16");
+            hvd.DistributedOptimizer, with Compression.none and Compression.fp16
   small     a float32 all-reduce of 4 B to 1 KiB: hvd.allreduce (Average) against
             fastreduce.allreduce(t, "avg") on the same tensor, and the in-place pair
             hvd.allreduce_ / fastreduce.allreduce_
-  --network the training step only, for jobs across nodes: no communication,
-            hvd.DistributedOptimizer (float32, fp16), GradientSync, and torch DDP on gloo
-            (float32, and with an fp16 compression hook)
+  --network the training step only, for jobs across nodes: the variants above, and
+            torch DDP on gloo (float32, and with an fp16 compression hook)
   --cluster (root) brings up 2 nodes of a fastreduce.cluster cluster on this machine
-            ("frh", a 1 Gbit/s link) and runs --network there, 1 rank per node, per MPI
+            ("frv", a 1 Gbit/s link) and runs --network there, 1 rank per node, per MPI
 
 Rank 0 prints markdown tables headed by the machine, MPI, link and date.
 """
@@ -78,6 +77,7 @@ def step_variants(args, comm, network: bool) -> dict:
     """Name -> a function doing one training step, every model starting equal."""
     models = {"no communication": make_mlp(args.width, args.depth),
               "GradientSync": make_mlp(args.width, args.depth),
+              "GradientSync fp16": make_mlp(args.width, args.depth),
               "hvd.DistributedOptimizer": make_mlp(args.width, args.depth),
               "hvd.DistributedOptimizer fp16": make_mlp(args.width, args.depth)}
     if network:
@@ -87,13 +87,15 @@ def step_variants(args, comm, network: bool) -> dict:
         models["DDP gloo fp16 hook"] = torch.nn.parallel.DistributedDataParallel(
             make_mlp(args.width, args.depth), process_group=gloo)
         models["DDP gloo fp16 hook"].register_comm_hook(gloo, half_hook)
-    sync = fastreduce.GradientSync(models["GradientSync"])
+    syncs = {"GradientSync": fastreduce.GradientSync(models["GradientSync"]),
+             "GradientSync fp16": fastreduce.GradientSync(models["GradientSync fp16"],
+                                                          compression="fp16")}
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(comm.rank))
     steps = {}
     for name, model in models.items():
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        if name == "GradientSync":
-            sync.attach(opt)
+        if name in syncs:
+            syncs[name].attach(opt)
         elif name.startswith("hvd."):
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             compression = hvd.Compression.fp16 if name.endswith("fp16") else \
@@ -121,14 +123,15 @@ def measure_steps(args, comm, network: bool) -> dict:
         for name, step in steps.items():
             samples[name].append(timed(comm, step, args.steps))
     pairs = [("hvd.DistributedOptimizer", "GradientSync"),
-             ("hvd.DistributedOptimizer fp16", "GradientSync"),
+             ("hvd.DistributedOptimizer fp16", "GradientSync fp16"),
              ("hvd.DistributedOptimizer", "no communication"),
              ("GradientSync", "no communication")]
     if network:
         pairs = [("hvd.DistributedOptimizer", "DDP gloo"),
                  ("hvd.DistributedOptimizer fp16", "DDP gloo"),
                  ("hvd.DistributedOptimizer fp16", "DDP gloo fp16 hook"),
-                 ("hvd.DistributedOptimizer", "GradientSync")]
+                 ("hvd.DistributedOptimizer", "GradientSync"),
+                 ("hvd.DistributedOptimizer fp16", "GradientSync fp16")]
     return {"ms": {k: statistics.median(v) * 1e3 for k, v in samples.items()},
             "ratios": {f"{a} / {b}": ratio(samples, a, b) for a, b in pairs},
             "parameters": sum(p.numel() for p in make_mlp(args.width, args.depth).parameters())}
@@ -228,8 +231,8 @@ def cluster(args) -> int:
     from fastreduce.cluster import Cluster, remove
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    remove("frh")
-    nodes = Cluster.up(2, link=None if args.link == "unshaped" else args.link, name="frh",
+    remove("frv")
+    nodes = Cluster.up(2, link=None if args.link == "unshaped" else args.link, name="frv",
                        subnet="10.77.98.0/24")
     try:
         for mpi in args.mpis.split(","):
