@@ -293,10 +293,14 @@ def check_join_optimizer():
 
 def check_timeline():
     path = os.path.join(tempfile.gettempdir(), f"hvd_timeline_{os.getpid()}.json")
-    hvd.start_timeline(path)
+    paths = WORLD.allgather(path)
+    hvd.start_timeline(paths[0])  # one file, written by rank 0 alone
     hvd.allreduce(torch.ones(3), name="traced")
     hvd.synchronize(hvd.allgather_async(torch.ones(2), name="gathered"))
     hvd.stop_timeline()
+    hvd.barrier()
+    if rank != 0:
+        return
     with open(path) as fh:
         events = json.load(fh)
     os.unlink(path)

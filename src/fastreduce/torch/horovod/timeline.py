@@ -1,4 +1,4 @@
-"""Horovod's timeline: a Chrome trace (chrome://tracing, Perfetto) of this rank's
+"""Horovod's timeline: a Chrome trace (chrome://tracing, Perfetto) of rank 0's
 collectives, each with its negotiation (the ranks' agreement) and its run, one row per
 tensor name. HOROVOD_TIMELINE=path at init(), or start_timeline()/stop_timeline()."""
 
@@ -22,9 +22,11 @@ def _now_us() -> float:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Write the timeline of this rank's operations to file_path (a JSON array)."""
+    """Rank 0 writes the timeline of its operations to file_path (a JSON array), as
+    Horovod's coordinator does; the other ranks write nothing."""
     global _file, _first, _mark_cycles
-    _the_world()
+    if _the_world().rank != 0:
+        return
     with _lock:
         if _file is not None:
             _file.close()
