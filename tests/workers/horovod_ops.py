@@ -326,6 +326,10 @@ def check_errors():
         f.expect_everywhere(lambda: hvd.allreduce(bad), ["rank 0", "contiguous"],
                             own_error=ValueError)
         f.expect_everywhere(lambda: hvd.allgather(x) if rank else hvd.barrier(), ["call"])
+        f.expect_everywhere(lambda: hvd.allgather(x if rank else None), ["rank 0", "refused"],
+                            own_error=TypeError)
+        f.expect_everywhere(lambda: hvd.allreduce(x, op=hvd.Sum if rank else 17),
+                            ["rank 0", "refused"], own_error=ValueError)
     f.expect(ValueError, ["Adasum", "hvd.Average"], lambda: hvd.allreduce(x, op=hvd.Adasum), x)
     f.expect(ValueError, ["bool"], lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool),
                                                          op=hvd.Sum))

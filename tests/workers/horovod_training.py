@@ -219,11 +219,18 @@ def optimizer_errors():
         expect(AssertionError, ["backward_passes_per_step"],
                lambda: loss_of(model, x, y, rank).backward())
     opt.synchronize()
+    reduced = [p.grad.clone() for p in model.parameters()]
+    before = [p.detach().clone() for p in model.parameters()]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         opt.step()  # after synchronize(), outside skip_synchronize(): Horovod warns
     fails.check(P == 1 or any("skip_synchronize" in str(w.message) for w in caught),
                 f"no warning for step() after synchronize(): {caught}")
+    # the step used the gradients synchronize() reduced (not zeros, not reduced twice)
+    fails.check(all(torch.allclose(p.detach(), b - 0.1 * g) for p, b, g in
+                    zip(model.parameters(), before, reduced, strict=True)) and
+                any(g.abs().sum() > 0 for g in reduced),
+                "step() after synchronize() did not apply the reduced gradients")
     opt.zero_grad()
     # a rank whose parameters differ: every rank refuses, none waits
     torch.manual_seed(1)

@@ -247,6 +247,15 @@ def check_p2p():
         f.check(sources == set(range(1, size)), f"recv_anysource sources {sources}")
     else:
         dist.send(torch.tensor([rank, rank * 2]), dst=0)
+    # a receive from any source is pending once posted: every rank posts one, then sends a
+    # message large enough to need the receiver (rendezvous), then waits
+    big = torch.full((1 << 18,), float(rank))
+    got_big = torch.empty(1 << 18)
+    pending = dist.irecv(got_big, tag=7)
+    dist.send(big, dst=right, tag=7)
+    pending.wait()
+    f.check(torch.equal(got_big, torch.full((1 << 18,), float(left))),
+            "irecv from any source posted before a large send")
     # the future of a point-to-point request completes without wait()
     if rank == 0:
         t = torch.empty(1)

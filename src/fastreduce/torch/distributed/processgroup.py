@@ -462,41 +462,50 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 def _probe_any_source() -> bool:
     """Whether a receive from any source goes through a matched probe: MPICH 5.0 with UCX
     over TCP, across nodes, leaves a posted MPI_Irecv(MPI_ANY_SOURCE) unmatched for good
-    while the message waits (a receive from a named rank and MPI_Mprobe are not affected)."""
+    while the message waits (a receive from a named rank and MPI_Mprobe are not affected;
+    with MPI_Irecv a tag given as MPI_ANY_TAG would be too, which torch never passes)."""
     return _abi.mpi_family(MPI.Get_library_version()) == "MPICH"
 
 
 class _AnySourceReceive:
-    """An any-source receive as a request (Wait, Test): MPI_Mprobe or MPI_Improbe, then
-    MPI_Mrecv of the matched message. Unlike a posted MPI_Irecv it matches when waited on
-    or tested, so two of them match messages in the order they are completed."""
+    """An any-source receive as a request (Wait, Test): a helper thread started when it is
+    posted waits in MPI_Mprobe and receives the matched message with MPI_Mrecv, so the
+    receive is pending from the start, as a posted MPI_Irecv is (a rank may send before it
+    waits). Unlike MPI_Irecv, two pending receives that can match the same message match
+    in the order their threads probe, not the order they were posted."""
 
     def __init__(self, comm: MPI.Intracomm, buffer, tag: int):
-        self._comm = comm
-        self._buffer = buffer
+        self._source = MPI.ANY_SOURCE
         self._tag = tag
-        self._done = False
-        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._receive, args=(comm, buffer), daemon=True,
+                                        name="fastreduce-anysource-recv")
+        self._thread.start()
+
+    def _receive(self, comm: MPI.Intracomm, buffer) -> None:
+        status = MPI.Status()
+        try:
+            comm.Mprobe(MPI.ANY_SOURCE, self._tag).Recv(buffer, status)
+            self._source = status.Get_source()
+        except BaseException as exc:  # noqa: BLE001  (raised by Wait or Test)
+            self._error = exc
+
+    def _result(self, status: MPI.Status | None) -> bool:
+        if self._error is not None:
+            raise self._error
+        if status is not None:
+            status.Set_source(self._source)
+            status.Set_tag(self._tag)
+        return True
 
     def Wait(self, status: MPI.Status | None = None) -> None:  # noqa: N802  (mpi4py's name)
-        with self._lock:
-            if not self._done:
-                self._comm.Mprobe(MPI.ANY_SOURCE, self._tag).Recv(self._buffer, status)
-                self._done = True
+        self._thread.join()
+        self._result(status)
 
     def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        if not self._lock.acquire(blocking=False):  # another thread waits on it
+        if self._thread.is_alive():
             return False
-        try:
-            if not self._done:
-                message = self._comm.Improbe(MPI.ANY_SOURCE, self._tag)
-                if message is None:
-                    return False
-                message.Recv(self._buffer, status)
-                self._done = True
-            return True
-        finally:
-            self._lock.release()
+        return self._result(status)
 
 
 def _recorded(call: Callable, name: str, comm, nbytes: int) -> Callable:

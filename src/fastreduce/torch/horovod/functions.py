@@ -29,15 +29,19 @@ def broadcast_parameters(params, root_rank: int, process_set=global_process_set)
             raise ValueError(f"fastreduce.horovod: broadcast_parameters takes a state_dict or a "
                              f"list of tensors or (name, tensor) pairs, not "
                              f"{type(params).__qualname__}") from None
-    handles = []
     for name, p in items:
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"fastreduce.horovod: broadcast_parameters: {name or 'an entry'} "
                              f"is a {type(p).__qualname__}, not a tensor")
-        # .data: parameters are leaves that require grad; autograd must not see the copy
-        handles.append(broadcast_async_(p.data, root_rank, name=name, process_set=process_set))
-    for handle in handles:
-        synchronize(handle)
+    handles = []
+    try:
+        for name, p in items:
+            # .data: parameters are leaves that require grad; autograd must not see the copy
+            handles.append(broadcast_async_(p.data, root_rank, name=name,
+                                            process_set=process_set))
+    finally:  # those started are complete or in flight: finish them even after a mismatch
+        for handle in handles:
+            synchronize(handle)
 
 
 class _Slot:
@@ -111,11 +115,15 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=global_proc
             device = params[0].device
         tensors = [torch.empty(s.shape, dtype=s.dtype, device="cpu" if s.cpu else device)
                    for s in slots]
-    handles = [broadcast_async_(t if t.is_contiguous() else t.contiguous(), root_rank,
-                                name=f"optimizer_state.{s.index}", process_set=process_set)
-               for s, t in zip(slots, tensors, strict=True)]
-    for handle in handles:
-        synchronize(handle)
+    handles = []
+    try:
+        for s, t in zip(slots, tensors, strict=True):
+            handles.append(broadcast_async_(t if t.is_contiguous() else t.contiguous(),
+                                            root_rank, name=f"optimizer_state.{s.index}",
+                                            process_set=process_set))
+    finally:  # those started are complete or in flight: finish them even after a mismatch
+        for handle in handles:
+            synchronize(handle)
     if not is_root:
         optimizer.load_state_dict(_fill(skeleton, tensors))
 

@@ -44,15 +44,19 @@ synchronize = handles.synchronize
 
 # -- arguments ------------------------------------------------------------------------------
 
-def _op_of(op, average, what: str) -> int:
+def _op_of(op, average, what: str):
+    """The op (Average unless given), or the ValueError that refuses it: raised in the
+    call's validation, so that the other ranks learn of it."""
+    if isinstance(op, Exception):
+        return op
     if average is not None and op is not None:
-        raise ValueError(f"fastreduce.horovod: {what}: give op, not both op and the deprecated "
-                         f"average")
+        return ValueError(f"fastreduce.horovod: {what}: give op, not both op and the "
+                          f"deprecated average")
     if op is None:
         op = Sum if average is False else Average
     if op not in _OP_NAMES:
-        raise ValueError(f"fastreduce.horovod: {what}: op {op!r} is not one of hvd.Average, "
-                         f"hvd.Sum, hvd.Min, hvd.Max, hvd.Product")
+        return ValueError(f"fastreduce.horovod: {what}: op {op!r} is not one of hvd.Average, "
+                          f"hvd.Sum, hvd.Min, hvd.Max, hvd.Product")
     return op
 
 
@@ -102,27 +106,27 @@ def _set_comm(process_set: ProcessSet, what: str) -> MPI.Intracomm:
     return _comm_of(process_set, f"hvd.{what}")
 
 
-def _agree(comm, key: tuple, name: str, describe, validate, blocking: bool = False):
-    """Validate locally (the exception becomes every rank's), then agree on the call (key
-    and name; describe() its description as a dict): (joined ranks, whether every rank
-    waits for the call at once)."""
-    error = None
+def _agree(comm, key_of, names: tuple, name: str, validate, blocking: bool = False):
+    """Validate locally and make the call's key (key_of(): its kind, then the values of the
+    fields `names`): an exception there is raised on this rank and a HorovodMismatch on the
+    others. Then agree on the call: (joined ranks, whether every rank waits at once)."""
+    error, key = None, ("invalid",)
     try:
         validate()
-    except (TypeError, ValueError, BufferError) as exc:
-        error = exc
+        key = key_of()
+    except (TypeError, ValueError, BufferError, AttributeError) as exc:
+        error, names = exc, ()
     if error is None and handles.in_flight((id(comm), name)):
         error = ValueError(f"fastreduce.horovod: a {key[0]} named {name!r} is in flight "
                            f"already; synchronize it first or give another name")
+
+    def describe() -> dict:
+        return {"call": key[0], "name": name, **dict(zip(names, key[1:], strict=True))}
+
     joined, everyone_blocking = negotiation.agree(comm, key, name, describe, error, blocking)
     if joined:
         _check_joinable(describe(), joined)
     return joined, everyone_blocking
-
-
-def _described(key: tuple, names: tuple, name: str):
-    """describe() for _agree: the key's fields by name, and the name."""
-    return lambda: {"call": key[0], "name": name, **dict(zip(names, key[1:], strict=True))}
 
 
 def _check_joinable(fields: dict, joined: list) -> None:
@@ -168,22 +172,23 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
     a handle whose result is the outputs (a list); blocking, the outputs at once."""
     comm = _set_comm(process_set, kind)
     began = timeline.now()
-    if len(tensors) == 1:
-        t = tensors[0]
-        key = (kind, _OP_NAMES.get(op, op), (t.dtype,), (t.shape,), (t.device.type,),
-               prescale, postscale)
-    else:
-        key = (kind, _OP_NAMES.get(op, op), tuple(t.dtype for t in tensors),
-               tuple(t.shape for t in tensors), tuple(t.device.type for t in tensors),
-               prescale, postscale)
+    def key_of():
+        if len(tensors) == 1:
+            t = tensors[0]
+            return (kind, _OP_NAMES.get(op, op), (t.dtype,), (t.shape,), (t.device.type,),
+                    prescale, postscale)
+        return (kind, _OP_NAMES.get(op, op), tuple(t.dtype for t in tensors),
+                tuple(t.shape for t in tensors), tuple(t.device.type for t in tensors),
+                prescale, postscale)
 
     def validate():
+        if isinstance(op, Exception):
+            raise op
         for i, t in enumerate(tensors):
             _check_tensor(t, f"hvd.{kind}: tensor {i}")
             _check_reduction(t, op, f"hvd.{kind}")
 
-    _, everyone_blocking = _agree(comm, key, name, _described(key, _ALLREDUCE_FIELDS, name),
-                                  validate, blocking)
+    _, everyone_blocking = _agree(comm, key_of, _ALLREDUCE_FIELDS, name, validate, blocking)
     event = timeline.begin(kind, name, began)
     return _run_allreduce(comm, tensors, outputs, op, prescale, postscale, (id(comm), name),
                           event, blocking, everyone_blocking)
@@ -252,8 +257,8 @@ def _bucket_start(flat: torch.Tensor, op: str, process_set: ProcessSet, name: st
     fastreduce Request."""
     comm = _set_comm(process_set, "DistributedOptimizer")
     began = timeline.now()
-    key = ("bucket", op, str(flat.dtype), flat.numel(), flat.device.type, wire)
-    _agree(comm, key, name, _described(key, _BUCKET_FIELDS, name), lambda: None)
+    _agree(comm, lambda: ("bucket", op, str(flat.dtype), flat.numel(), flat.device.type, wire),
+           _BUCKET_FIELDS, name, lambda: None)
     event = timeline.begin("allreduce", name, began)
     request = _core.iallreduce_(flat, op, comm=comm, compression=wire)
     if event is not None:
@@ -438,9 +443,8 @@ def _allgather_start(tensor, name, process_set, kind="allgather"):
             raise ValueError(f"fastreduce.horovod: hvd.{kind} needs a tensor of at least one "
                              f"dimension (it concatenates on the first)")
 
-    key = (kind, str(tensor.dtype), tuple(tensor.shape[1:]), tensor.device.type)
-    _agree(comm, key, name, _described(key, ("dtype", "trailing shape", "device"), name),
-           validate)
+    _agree(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape[1:]), tensor.device.type),
+           ("dtype", "trailing shape", "device"), name, validate)
     event = timeline.begin(kind, name, began)
     out, _ = _allgather_now(comm, tensor)
     return _done(kind, name, comm, out, event)
@@ -501,9 +505,9 @@ def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadca
             raise ValueError(f"fastreduce.horovod: hvd.{kind}: root_rank {root_rank} is not in "
                              f"the process set (ranks {ranks})")
 
-    key = (kind, str(tensor.dtype), tuple(tensor.shape), root_rank, tensor.device.type)
-    _agree(comm, key, name, _described(key, ("dtype", "shape", "root rank", "device"), name),
-           validate)
+    _agree(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape), root_rank,
+                          tensor.device.type),
+           ("dtype", "shape", "root rank", "device"), name, validate)
     event = timeline.begin(kind, name, began)
     if output is not tensor:
         output.copy_(tensor)
@@ -582,9 +586,9 @@ def _alltoall_start(tensor, splits, name, process_set):
                              "dimension (it splits the first)")
         sends.extend(_splits_list(splits, tensor.shape[0], size, "alltoall"))
 
-    key = ("alltoall", str(tensor.dtype), tuple(tensor.shape[1:]), tensor.device.type)
-    _agree(comm, key, name, _described(key, ("dtype", "trailing shape", "device"), name),
-           validate)
+    _agree(comm, lambda: ("alltoall", str(tensor.dtype), tuple(tensor.shape[1:]),
+                          tensor.device.type),
+           ("dtype", "trailing shape", "device"), name, validate)
     event = timeline.begin("alltoall", name, began)
     received = np.empty(size, np.int64)
     comm.Alltoall(np.asarray(sends, np.int64), received)
@@ -648,10 +652,9 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
             raise ValueError(f"fastreduce.horovod: hvd.{kind} needs a tensor of at least one "
                              f"dimension (it splits the first)")
 
-    key = (kind, str(tensor.dtype), tuple(tensor.shape), _OP_NAMES.get(op, op), prescale,
-           postscale, tensor.device.type)
-    _agree(comm, key, name, _described(key, ("dtype", "shape", "op", "prescale", "postscale",
-                                             "device"), name), validate)
+    _agree(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape), _OP_NAMES.get(op, op),
+                          prescale, postscale, tensor.device.type),
+           ("dtype", "shape", "op", "prescale", "postscale", "device"), name, validate)
     event = timeline.begin(kind, name, began)
     rows = tensor.shape[0]
     mine = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
@@ -750,8 +753,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 def barrier(process_set=global_process_set) -> None:
     """Wait until every rank of the process set has reached the barrier."""
     comm = _set_comm(process_set, "barrier")
-    key = ("barrier",)
-    _agree(comm, key, "barrier", _described(key, (), "barrier"), lambda: None)
+    _agree(comm, lambda: ("barrier",), (), "barrier", lambda: None)
     comm.Barrier()
 
 
@@ -759,7 +761,8 @@ def join(device=-1) -> int:
     """This rank has no more data: it takes part (with empty input: zeros, no rows) in the
     other ranks' allreduce, allgather, broadcast, barrier and DistributedOptimizer
     reductions on the global process set until every rank has joined; the last rank to
-    join."""
+    join. Zeros go where the others' tensors are: the CPU, or CUDA device `device` (-1: the
+    current one). Collectives on other process sets are not joined."""
     comm = _set_comm(global_process_set, "join")
     first = True
     while True:
@@ -775,14 +778,23 @@ def join(device=-1) -> int:
 def _take_part(comm, fields: dict, device) -> None:
     """A joined rank's part in a collective the others run (described by fields)."""
     call = fields["call"]
-    place = torch.device("cpu") if device is None or device < 0 else torch.device("cuda", device)
+
+    def place(kind: str) -> torch.device:
+        # the others' device type: it decides the path their reduction takes
+        if kind == "cpu":
+            return torch.device("cpu")
+        index = device if device is not None and device >= 0 else torch.cuda.current_device()
+        return torch.device("cuda", index)
+
     if call == "bucket":
-        zeros = torch.zeros(fields["elements"], dtype=_dtype(fields["dtype"]), device=place)
+        zeros = torch.zeros(fields["elements"], dtype=_dtype(fields["dtype"]),
+                            device=place(fields["device"]))
         _core.iallreduce_(zeros, fields["op"], comm=comm, compression=fields["wire"]).wait()
     elif call in ("allreduce", "grouped_allreduce"):
         op = Average if fields["op"] == "Average" else Sum
-        zeros = [torch.zeros(shape, dtype=_dtype(d), device=place)
-                 for d, shape in zip(fields["dtype"], fields["shape"], strict=True)]
+        zeros = [torch.zeros(shape, dtype=_dtype(d), device=place(kind))
+                 for d, shape, kind in zip(fields["dtype"], fields["shape"], fields["device"],
+                                           strict=True)]
         _run_allreduce(comm, zeros, zeros, op, 1.0, 1.0, None, None, blocking=True)
     elif call in ("allgather", "grouped_allgather"):
         _allgather_now(comm, torch.empty((0, *fields["trailing shape"]),

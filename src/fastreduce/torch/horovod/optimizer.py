@@ -172,10 +172,11 @@ class _DistributedOptimizer:
         trained = [p for p in params if p.requires_grad]
         self._hvd_order = {p: i for i, p in enumerate(trained)}
         self._allreduce_delay = dict.fromkeys(trained, backward_passes_per_step)
-        self._hvd_active = process_set.included() and size() > 1 and bool(trained)
+        self._hvd_active = process_set.included() and size() > 1
         if not self._hvd_active:
             return
-        # Every rank must make the same buckets: check the parameters match rank 0's.
+        # Every rank must make the same buckets: check the parameters match rank 0's (on
+        # every rank of the set, one without trained parameters too).
         layout = repr([(self._parameter_names[p], tuple(p.shape), str(p.dtype))
                        for p in trained]).encode()
         checks.agree(process_set.comm, "hvd.DistributedOptimizer",
@@ -183,6 +184,9 @@ class _DistributedOptimizer:
                                     f"({hashlib.blake2b(layout, digest_size=8).hexdigest()})",
                       "groups": groups if not isinstance(groups, list) else
                       [len(g) for g in groups]})
+        self._hvd_active = bool(trained)
+        if not self._hvd_active:
+            return
         self._hvd_comm = process_set.comm
         self._hvd_nranks = process_set.size()
         predivide = op == Average and gradient_predivide_factor != 1.0
@@ -301,6 +305,8 @@ class _DistributedOptimizer:
         if not self._hvd_active:
             self._synchronized = True
             return
+        if self._synchronized and not self._hvd_dirty:
+            return  # reduced already, and no gradient since: reducing zeros would lose them
         while self._hvd_next < len(self._hvd_buckets):
             self._hvd_start(self._hvd_next)
         sparse = sorted(self._hvd_sparse, key=self._hvd_sparse.__getitem__)
@@ -356,7 +362,7 @@ class _DistributedOptimizer:
             if self._synchronized:
                 warnings.warn("fastreduce.horovod: optimizer.step() called after "
                               "optimizer.synchronize() outside optimizer.skip_synchronize(): "
-                              "the gradients are reduced again; wrap step() in "
+                              "the gradients reduced then are used as they are; wrap step() in "
                               "`with optimizer.skip_synchronize():`", stacklevel=2)
             self.synchronize()
         self._synchronized = False
