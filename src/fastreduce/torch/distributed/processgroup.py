@@ -468,27 +468,33 @@ def _probe_any_source() -> bool:
 
 
 class _AnySourceReceive:
-    """An any-source receive as a request (Wait, Test): a helper thread started when it is
-    posted waits in MPI_Mprobe and receives the matched message with MPI_Mrecv, so the
-    receive is pending from the start, as a posted MPI_Irecv is (a rank may send before it
-    waits). Unlike MPI_Irecv, two pending receives that can match the same message match
-    in the order their threads probe, not the order they were posted."""
+    """An any-source receive as a request (Wait, Test): MPI_Mprobe, then MPI_Mrecv of the
+    matched message. Under MPI_THREAD_MULTIPLE a helper thread started when the receive is
+    posted does it, so the receive is pending from the start, as a posted MPI_Irecv is (a
+    rank may send before it waits); otherwise Wait does it. Unlike MPI_Irecv, two pending
+    receives that can match the same message match in the order they probe."""
 
     def __init__(self, comm: MPI.Intracomm, buffer, tag: int):
-        self._source = MPI.ANY_SOURCE
+        self._comm = comm
+        self._buffer = buffer
         self._tag = tag
+        self._source = MPI.ANY_SOURCE
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._receive, args=(comm, buffer), daemon=True,
-                                        name="fastreduce-anysource-recv")
-        self._thread.start()
+        self._done = False
+        self._thread = None
+        if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            self._thread = threading.Thread(target=self._receive, daemon=True,
+                                            name="fastreduce-anysource-recv")
+            self._thread.start()
 
-    def _receive(self, comm: MPI.Intracomm, buffer) -> None:
+    def _receive(self) -> None:
         status = MPI.Status()
         try:
-            comm.Mprobe(MPI.ANY_SOURCE, self._tag).Recv(buffer, status)
+            self._comm.Mprobe(MPI.ANY_SOURCE, self._tag).Recv(self._buffer, status)
             self._source = status.Get_source()
         except BaseException as exc:  # noqa: BLE001  (raised by Wait or Test)
             self._error = exc
+        self._done = True
 
     def _result(self, status: MPI.Status | None) -> bool:
         if self._error is not None:
@@ -499,12 +505,21 @@ class _AnySourceReceive:
         return True
 
     def Wait(self, status: MPI.Status | None = None) -> None:  # noqa: N802  (mpi4py's name)
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+        elif not self._done:
+            self._receive()
         self._result(status)
 
     def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        if self._thread.is_alive():
+        if self._thread is None and not self._done:
+            probed = MPI.Status()
+            if self._comm.Iprobe(MPI.ANY_SOURCE, self._tag, probed):
+                self._receive()  # a message is there: the matched probe returns at once
+        if not self._done:
             return False
+        if self._thread is not None:
+            self._thread.join()  # finished: returns at once
         return self._result(status)
 
 
