@@ -257,6 +257,12 @@ def check_join():
         hvd.barrier()
         last = hvd.join()
     f.check(last == (size - 2 if size > 1 else 0), f"join returned {last}")
+    # unnamed calls made while a rank had joined leave every rank's numbering alike
+    if rank < size - 1:
+        hvd.allreduce(torch.ones(1))
+    hvd.join()
+    f.check(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size, size],
+            "unnamed allreduce after join")
 
 
 def check_join_optimizer():

@@ -134,12 +134,21 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
     ranks' obj is ignored (None will do)."""
     if name is None:  # not the object's type, which differs where non-root ranks pass None
         name = "broadcast_object"
+    error = None
     if rank() == root_rank:
-        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        nbytes = torch.tensor([payload.numel()], dtype=torch.int64)
+        try:
+            payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+            nbytes = torch.tensor([payload.numel()], dtype=torch.int64)
+        except Exception as exc:  # noqa: BLE001  (every rank learns of it below)
+            error, nbytes = exc, torch.tensor([-1], dtype=torch.int64)
     else:
         nbytes = torch.zeros(1, dtype=torch.int64)
     broadcast_(nbytes, root_rank, name=f"{name}.sz", process_set=process_set)
+    if error is not None:
+        raise error
+    if nbytes.item() < 0:
+        raise ValueError(f"fastreduce.horovod: broadcast_object: rank {root_rank} could not "
+                         f"pickle its object (it raised the error)")
     if rank() != root_rank:
         payload = torch.empty(int(nbytes.item()), dtype=torch.uint8)
     broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
@@ -152,9 +161,19 @@ def allgather_object(obj, name: str | None = None, process_set=global_process_se
     """Return every rank's `obj`, in rank order (pickled: the sizes, then the bytes)."""
     if name is None:
         name = "allgather_object"
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sz",
-                      process_set=process_set).tolist()
+    try:
+        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        error = None
+    except Exception as exc:  # noqa: BLE001  (every rank learns of it below)
+        payload, error = torch.empty(0, dtype=torch.uint8), exc
+    sizes = allgather(torch.tensor([-1 if error else payload.numel()], dtype=torch.int64),
+                      name=f"{name}.sz", process_set=process_set).tolist()
+    if error is not None:
+        raise error
+    if min(sizes) < 0:
+        failed = [r for r, n in enumerate(sizes) if n < 0]
+        raise ValueError(f"fastreduce.horovod: allgather_object: ranks {failed} of the process "
+                         f"set could not pickle their objects (they raised the error)")
     gathered = allgather(payload, name=f"{name}.t", process_set=process_set).numpy()
     out, start = [], 0
     for n in sizes:

@@ -778,6 +778,9 @@ def join(device=-1) -> int:
 def _take_part(comm, fields: dict, device) -> None:
     """A joined rank's part in a collective the others run (described by fields)."""
     call = fields["call"]
+    kind, _, number = str(fields["name"]).rpartition(".noname.")
+    if kind and number.isdigit():  # unnamed calls stay numbered alike on every rank
+        _counters[kind] = itertools.count(int(number) + 1)
 
     def place(kind: str) -> torch.device:
         # the others' device type: it decides the path their reduction takes

@@ -72,6 +72,12 @@ def _start(world: MPI.Intracomm, process_sets) -> None:
     _dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") \
         not in (None, "", "0")
     if process_sets in (None, "dynamic"):
+        listed = process_sets
+    else:
+        process_sets = list(process_sets)
+        listed = f"{len(process_sets)} process sets"
+    checks.agree(world, "hvd.init", {"process_sets": listed})
+    if process_sets in (None, "dynamic"):
         return
     for ps in process_sets:
         _register(ps, world)
