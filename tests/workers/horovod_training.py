@@ -219,7 +219,8 @@ def optimizer_errors():
         expect(AssertionError, ["backward_passes_per_step"],
                lambda: loss_of(model, x, y, rank).backward())
     opt.synchronize()
-    reduced = [p.grad.clone() for p in model.parameters()]
+    reduced = [torch.zeros_like(p) if p.grad is None else p.grad.clone()
+               for p in model.parameters()]  # SGD leaves a parameter without a gradient
     before = [p.detach().clone() for p in model.parameters()]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
