@@ -107,7 +107,10 @@ class Work(dist.Work):
         if self._future is None:
             return True
         if self._mpi_request is not None and self._waiter is None and not self._finished:
-            if self._mpi_request.Test():
+            status = MPI.Status()
+            if self._mpi_request.Test(status):
+                if self._source == MPI.ANY_SOURCE:  # the sender, for recv_anysource
+                    self._source = status.Get_source()
                 self._finish(None)
         return self._future.done()
 
