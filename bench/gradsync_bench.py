@@ -99,18 +99,25 @@ def ddp_bucket_timeline(args, x) -> list[dict]:
     return out
 
 
-def bf16_hook(group, bucket):
-    """torch's bf16_compress_hook (which refuses to register without CUDA and NCCL) for the
-    CPU: the bucket cast to bfloat16, all-reduced on `group`, divided and cast back."""
-    buffer = bucket.buffer()
-    half = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
-    fut = dist.all_reduce(half, group=group, async_op=True).get_future()
+def cast_hook(dtype):
+    """A DDP comm hook for the CPU (torch's bf16/fp16_compress_hook refuse to register
+    without CUDA and NCCL): the bucket cast to dtype, averaged on `group`, cast back."""
 
-    def decompress(f):
-        buffer.copy_(f.value()[0])
-        return buffer
+    def hook(group, bucket):
+        buffer = bucket.buffer()
+        half = buffer.to(dtype).div_(dist.get_world_size(group))
+        fut = dist.all_reduce(half, group=group, async_op=True).get_future()
 
-    return fut.then(decompress)
+        def decompress(f):
+            buffer.copy_(f.value()[0])
+            return buffer
+
+        return fut.then(decompress)
+
+    return hook
+
+
+bf16_hook = cast_hook(torch.bfloat16)
 
 
 def network_steps(args, comm, floor, results) -> int:

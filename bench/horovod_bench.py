@@ -43,7 +43,7 @@ from fastreduce._abi import first_line
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from gradsync_bench import make_mlp, timed  # noqa: E402
+from gradsync_bench import cast_hook, make_mlp, timed  # noqa: E402
 
 SMALL_BYTES = [4 << k for k in range(9)]  # 4 B .. 1 KiB
 
@@ -60,17 +60,7 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores{', ' + model if model else ''}"
 
 
-def half_hook(group, bucket):
-    """A DDP comm hook for the CPU: the bucket as float16, averaged on `group`, cast back."""
-    buffer = bucket.buffer()
-    half = buffer.to(torch.float16).div_(dist.get_world_size(group))
-    fut = dist.all_reduce(half, group=group, async_op=True).get_future()
-
-    def decompress(f):
-        buffer.copy_(f.value()[0])
-        return buffer
-
-    return fut.then(decompress)
+half_hook = cast_hook(torch.float16)
 
 
 def step_variants(args, comm, network: bool) -> dict:

@@ -20,7 +20,8 @@ from . import settings, watchdog
 from .backend import collectives
 from .errors import CollectiveMismatch
 
-__all__ = ["CollectiveMismatch", "agree", "debug", "fingerprint", "set_debug"]
+__all__ = ["CollectiveMismatch", "agree", "debug", "error_text", "fingerprint", "raise_refusals",
+           "set_debug"]
 
 
 def _ranks_by_value(values: list) -> dict:
@@ -34,12 +35,29 @@ def _ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
+def error_text(error: BaseException | None) -> str | None:
+    """How a rank's refusal travels to the others."""
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def raise_refusals(texts: list, error: BaseException | None, make) -> None:
+    """After an exchange of every rank's error_text(): nothing if none refused; else this
+    rank's own `error`, or make(ranks text, listing) on the ranks that did not refuse."""
+    refused = [(r, e) for r, e in enumerate(texts) if e is not None]
+    if not refused:
+        return
+    if error is not None:
+        raise error
+    listing = "; ".join(f"rank {r}: {e}" for r, e in refused)
+    raise make(_ranks_text([r for r, _ in refused]), listing)
+
+
 def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None = None) -> None:
     """Collective over comm: every rank passes the same `what` and `fields`, and no rank an
     `error` (its own validation failure, raised here on that rank after the exchange so the
     others are not left waiting). Otherwise every rank raises: the refusing ranks their own
     error, the others CollectiveMismatch."""
-    mine = (what, fields, None if error is None else f"{type(error).__name__}: {error}")
+    mine = (what, fields, error_text(error))
     with watchdog.recorded(f"agreement on {what} (MPI_Allgather)", comm):
         if _debug and _channel is not None:  # wait where a deadlock can be seen
             everyone = _gather_watching(comm, mine)
@@ -49,13 +67,8 @@ def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None =
                 everyone = [mine] * comm.Get_size()  # every rank refused alike
         else:
             everyone = comm.allgather(mine)
-    refused = [(r, e) for r, (_, _, e) in enumerate(everyone) if e is not None]
-    if refused:
-        if error is not None:
-            raise error
-        listing = "; ".join(f"rank {r}: {e}" for r, e in refused)
-        raise CollectiveMismatch(f"fastreduce: {what}: {_ranks_text([r for r, _ in refused])} "
-                                 f"refused the call, so no rank makes it ({listing})")
+    raise_refusals([e for _, _, e in everyone], error, lambda ranks, listing: CollectiveMismatch(
+        f"fastreduce: {what}: {ranks} refused the call, so no rank makes it ({listing})"))
     if all(other == mine for other in everyone):
         return
     differences = {}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from ...checks import _ranks_by_value, _ranks_text
+from ...checks import _ranks_by_value, _ranks_text, error_text, raise_refusals
 from ...errors import CollectiveMismatch, FastreduceError
 
 ACTIVE, JOINED, REFUSED, BLOCKING = 0, 1, 2, 4  # BLOCKING: ACTIVE, and waits at once
@@ -71,7 +71,7 @@ def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dic
     if ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and \
             (everyone[:, 1] == everyone[0, 1]).all():
         return None, False  # some wait at once, some later: all take the non-blocking path
-    return _slow(comm, (status, describe(), _error_text(error)), error), False
+    return _slow(comm, (status, describe(), error_text(error)), error), False
 
 
 def follow(comm: MPI.Intracomm, first: bool):
@@ -81,19 +81,10 @@ def follow(comm: MPI.Intracomm, first: bool):
     return _slow(comm, (JOINED, {"first": first}, None), None)
 
 
-def _error_text(error):
-    return None if error is None else f"{type(error).__name__}: {error}"
-
-
 def _slow(comm: MPI.Intracomm, mine: tuple, error):
     everyone = comm.allgather(mine)
-    refused = [(r, e) for r, (_, _, e) in enumerate(everyone) if e is not None]
-    if refused:
-        if error is not None:
-            raise error
-        listing = "; ".join(f"rank {r}: {e}" for r, e in refused)
-        raise HorovodMismatch(f"fastreduce.horovod: {_ranks_text([r for r, _ in refused])} "
-                              f"refused the collective, so no rank runs it ({listing})")
+    raise_refusals([e for _, _, e in everyone], error, lambda ranks, listing: HorovodMismatch(
+        f"fastreduce.horovod: {ranks} refused the collective, so no rank runs it ({listing})"))
     joined = [r for r, (s, _, _) in enumerate(everyone) if s == JOINED]
     active = [(r, f) for r, (s, f, _) in enumerate(everyone) if s != JOINED]
     if not active:
