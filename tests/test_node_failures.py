@@ -7,7 +7,8 @@ What each MPI does is what docs/cluster.md tells users; these tests hold it to t
   MPI_Abort cannot reach the launcher). MPICH's mpiexec returns then; Open MPI's waits
   for the lost node's daemon and is killed here.
 - every rank of one node killed with SIGKILL in GradientSync: both MPIs see the lost
-  connections at once and end the job within seconds, naming the killed rank.
+  connections at once and end the job within seconds, naming the killed rank or (Open MPI,
+  when a surviving rank notices first) the closed connection.
 """
 
 from __future__ import annotations
@@ -134,5 +135,9 @@ def test_node_killed_in_gradient_sync(cluster):
     out = job.output()
     assert job.proc.returncode != 0 and ended < BOUND and not left, (ended, left, out)
     assert "not reached" not in out, out
-    # the launcher names a killed rank: Open MPI "exited on signal 9", MPICH "EXIT CODE: 9"
-    assert "signal 9" in out or "EXIT CODE: 9" in out, out
+    # the failure is named: the launcher reports a killed rank (Open MPI "exited on signal 9",
+    # MPICH "EXIT CODE: 9"), or, when a surviving rank's MPI sees the closed connection before
+    # prterun sees the dead process (a race), Open MPI reports that rank's fatal error
+    launcher_named_kill = "signal 9" in out or "EXIT CODE: 9" in out
+    survivor_named_loss = "Socket closed" in out and "MPI_ERRORS_ARE_FATAL" in out
+    assert launcher_named_kill or survivor_named_loss, out
