@@ -74,6 +74,16 @@ def mpiexec() -> list[str]:
     return [found, *extra]
 
 
+@functools.cache
+def mpi_family() -> str:
+    """"Open MPI" or "other": the library mpi4py loads, asked without MPI_Init."""
+    code = ("import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+            "print(MPI.Get_library_version())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    return "Open MPI" if "Open MPI" in out else "other"
+
+
 def launcher_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # CI runs as root

@@ -183,8 +183,8 @@ SETTINGS: tuple[Setting, ...] = (
             "The most memory the out-of-place result cache keeps for reuse (0: none).",
             _number("FASTREDUCE_RESULT_CACHE_MB", "give a number of MiB", float), "host"),
     Setting("FASTREDUCE_HALF_OPS", "auto, mpi or fastreduce", "auto",
-            "Whose reduction ops 16-bit floats use: the MPI's own (mpi), fastreduce's "
-            "(fastreduce), or the MPI's where it is Open MPI (auto).",
+            "Whose reduction ops 16-bit floats use: fastreduce's (auto, fastreduce) or "
+            "the MPI's own types where they reduce correctly (mpi).",
             _choice("FASTREDUCE_HALF_OPS", ("auto", "mpi", "fastreduce"), "auto",
                     "use auto, mpi or fastreduce", lower=True), "host"),
     Setting("FASTREDUCE_ENGINE", "0 or 1", "on where MPI_THREAD_MULTIPLE",

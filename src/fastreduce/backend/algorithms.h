@@ -87,18 +87,21 @@ static void fr_round_through_wire(float *data, int64_t n, int wire)
     for (i = 0; i < n; i++) data[i] = fr_f16_to_f32(fr_f32_to_f16(data[i]));
 }
 
-/* inout[i] = op(inout[i], widen(in[i])): a 16-bit wire accumulated in float32. */
+/* inout[i] = op(inout[i], widen(in[i])): a 16-bit wire accumulated in float32.
+ * Widened a block at a time, so that each loop is branch-free and vectorises. */
 static void fr_accumulate_wire(const uint16_t *in, float *inout, int64_t n, int wire, int opcode)
 {
-  int64_t i;
-  float x;
-  for (i = 0; i < n; i++) {
-    x = wire == FR_WIRE_BF16 ? fr_bf16_to_f32(in[i]) : fr_f16_to_f32(in[i]);
+  float widened[1024];
+  int64_t start, i, m;
+  for (start = 0; start < n; start += m) {
+    m = n - start < 1024 ? n - start : 1024;
+    fr_widen(in + start, widened, m, wire);
+    float *out = inout + start;
     switch (opcode) {
-      case FR_OPC_PROD: inout[i] *= x; break;
-      case FR_OPC_MIN: inout[i] = fr_min_f32(inout[i], x); break;
-      case FR_OPC_MAX: inout[i] = fr_max_f32(inout[i], x); break;
-      default: inout[i] += x; break;
+      case FR_OPC_PROD: for (i = 0; i < m; i++) out[i] *= widened[i]; break;
+      case FR_OPC_MIN: for (i = 0; i < m; i++) out[i] = fr_min_f32(out[i], widened[i]); break;
+      case FR_OPC_MAX: for (i = 0; i < m; i++) out[i] = fr_max_f32(out[i], widened[i]); break;
+      default: for (i = 0; i < m; i++) out[i] += widened[i]; break;
     }
   }
 }
