@@ -194,6 +194,12 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
                           event, blocking, everyone_blocking)
 
 
+def _core_divides(t: torch.Tensor, op) -> bool:
+    """Whether fastreduce's "avg" op averages t (floating and complex tensors): one call,
+    without a torch multiplication after it."""
+    return op == Average and (t.is_floating_point() or t.is_complex())
+
+
 def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, blocking=False,
                    everyone_blocking=False):
     """Reduce tensors into outputs (None: a new tensor); the outputs (blocking), or a
@@ -221,11 +227,12 @@ def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, 
         else:
             flat = torch.cat([m.reshape(-1) for m in members])
             unpack.append((flat, members))
+        name = "avg" if _core_divides(flat, op) else _MPI_OPS[op]
         if everyone_blocking:
-            _core.allreduce_(flat, _MPI_OPS[op], comm=comm)
+            _core.allreduce_(flat, name, comm=comm)
         else:  # on the progress engine, or MPI's own MPI_Iallreduce
-            requests.append(_core.iallreduce_(flat, _MPI_OPS[op], comm=comm))
-    factor = postscale / comm.Get_size() if op == Average else postscale
+            requests.append(_core.iallreduce_(flat, name, comm=comm))
+    size = comm.Get_size()
 
     def finish():
         for flat, members in unpack:
@@ -233,8 +240,10 @@ def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, 
             for m in members:
                 m.copy_(flat[offset:offset + m.numel()].view_as(m))
                 offset += m.numel()
-        if factor != 1:
-            for out in outputs:
+        for out in outputs:
+            factor = postscale / size if op == Average and not _core_divides(out, op) \
+                else postscale
+            if factor != 1:
                 _scale_(out, factor)
         return outputs
 
