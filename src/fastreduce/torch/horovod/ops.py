@@ -195,9 +195,11 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
 
 
 def _core_divides(t: torch.Tensor, op) -> bool:
-    """Whether fastreduce's "avg" op averages t (floating and complex tensors): one call,
-    without a torch multiplication after it."""
-    return op == Average and (t.is_floating_point() or t.is_complex())
+    """Whether fastreduce's "avg" op averages t: floating and complex CPU tensors, in one
+    call without a torch multiplication after it. (On a GPU "avg" is computed on the host,
+    so it would take the staged path where "sum" may go to a CUDA-aware MPI.)"""
+    return op == Average and t.device.type == "cpu" and (t.is_floating_point() or
+                                                          t.is_complex())
 
 
 def _run_allreduce(comm, tensors, outputs, op, prescale, postscale, key, event, blocking=False,
