@@ -9,7 +9,7 @@ cdef enum:
 
 ctypedef struct Plan:
     # What the ranks of one communicator agreed on, for one generation of the settings.
-    int64_t generation
+    int64_t generation     # first, as commrecord.pxd requires
     int nsteps                             # the size table:
     int64_t start[MAX_ALGORITHM_STEPS]     # from this many bytes up ...
     int algorithm[MAX_ALGORITHM_STEPS]     # ... this FR_ALGO_*, up to the next step's start

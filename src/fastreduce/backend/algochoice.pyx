@@ -14,7 +14,7 @@ from libc.stdlib cimport free, malloc
 
 from mpi4py cimport MPI
 
-from .mpierrors cimport CHKERR
+from .commrecord cimport cached_record, keep_record
 from .libmpi cimport *
 
 cdef extern from "algorithms.h" nogil:
@@ -128,14 +128,9 @@ cdef const Plan* plan_for(MPI_Comm handle) except NULL:
 
 cdef const Plan* _look_up(MPI_Comm handle) except NULL:
     """The communicator's attribute, else a plan agreed now (collective)."""
-    global _keyval
-    cdef void* value = NULL
-    cdef int found = 0
-    if _keyval == MPI_KEYVAL_INVALID:
-        CHKERR(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, _free_plan, &_keyval, NULL))
-    CHKERR(MPI_Comm_get_attr(handle, _keyval, &value, &found))
-    if found and (<Plan*>value).generation == _generation:
-        return <const Plan*>value
+    cdef void* kept = cached_record(handle, &_keyval, _free_plan, _generation)
+    if kept != NULL:
+        return <const Plan*>kept
     if _agreement is None:
         raise RuntimeError("fastreduce: no algorithm agreement installed "
                            "(algochoice.set_agreement)")
@@ -143,10 +138,7 @@ cdef const Plan* _look_up(MPI_Comm handle) except NULL:
     comm.ob_mpi = handle  # a view of the handle: not freed with this object
     agreed = _agreement(comm)
     cdef Plan* plan = _new_plan(agreed)
-    cdef int ierr = MPI_Comm_set_attr(handle, _keyval, plan)  # frees an older plan
-    if ierr != MPI_SUCCESS:
-        _free_plan(handle, _keyval, plan, NULL)
-        CHKERR(ierr)
+    keep_record(handle, _keyval, _free_plan, plan)  # frees an older plan
     return plan
 
 

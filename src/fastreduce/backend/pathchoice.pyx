@@ -19,7 +19,7 @@ from libc.stdlib cimport free, malloc
 from .algochoice cimport choose_algorithm, plan_for
 from .cudart cimport count_path
 from .dtypes cimport KIND_BFLOAT16, KIND_FLOAT16
-from .mpierrors cimport CHKERR
+from .commrecord cimport cached_record, keep_record
 from .libmpi cimport *
 from .reductions cimport Reduction
 
@@ -35,7 +35,7 @@ cdef enum:
 
 ctypedef struct Agreed:
     # What the ranks of one communicator agreed on, for one generation of the settings.
-    int64_t generation
+    int64_t generation   # first, as commrecord.pxd requires
     int mode
     bint blocking        # blocking MPI_Allreduce may take device pointers
     bint nonblocking     # ... MPI_Iallreduce too
@@ -96,23 +96,15 @@ def forget() -> None:
 
 cdef const Agreed* _agreed(object comm, MPI_Comm handle) except NULL:
     """The communicator's agreed settings: its attribute, else agreed now (collective)."""
-    global _keyval
-    cdef void* value = NULL
-    cdef int found = 0
-    if _keyval == MPI_KEYVAL_INVALID:
-        CHKERR(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, _free_agreed, &_keyval, NULL))
-    CHKERR(MPI_Comm_get_attr(handle, _keyval, &value, &found))
-    if found and (<Agreed*>value).generation == _generation:
-        return <const Agreed*>value
+    cdef void* kept = cached_record(handle, &_keyval, _free_agreed, _generation)
+    if kept != NULL:
+        return <const Agreed*>kept
     if _agreement is None:
         raise RuntimeError("fastreduce: no GPU path settings agreement installed "
                            "(pathchoice.set_agreement)")
     mode, support, steps = _agreement(comm)  # comm None: the default communicator
     cdef Agreed* agreed = _new_agreed(mode, support, steps)
-    cdef int ierr = MPI_Comm_set_attr(handle, _keyval, agreed)  # frees an older record
-    if ierr != MPI_SUCCESS:
-        free(agreed)
-        CHKERR(ierr)
+    keep_record(handle, _keyval, _free_agreed, agreed)  # frees an older record
     return agreed
 
 

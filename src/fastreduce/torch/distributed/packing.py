@@ -12,6 +12,7 @@ from mpi4py import MPI
 from ... import gpupath
 from ...backend import collectives as _collectives
 from ...errors import BackendError
+from ..dense import check_dense
 
 _RedOpType = dist.ReduceOp.RedOpType
 _OP_NAMES = {
@@ -48,18 +49,9 @@ def _premultiply(tensors: Sequence, factor) -> None:
 
 
 def _check_tensor(t, what: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"fastreduce backend: {what} must be a torch.Tensor, not "
-                        f"{type(t).__qualname__}")
-    if t.layout != torch.strided or t.is_quantized:
-        raise BackendError(f"fastreduce backend: {what} has layout {t.layout}"
-                           f"{' (quantized)' if t.is_quantized else ''}; give a dense tensor")
-    if t.device.type not in ("cpu", "cuda"):
-        raise BackendError(f"fastreduce backend: {what} is on {t.device}; the backend takes "
-                           f"cpu and cuda tensors")
-    if not t.is_contiguous():
-        raise BufferError(f"fastreduce backend: {what} (shape {tuple(t.shape)}) is not "
-                          f"contiguous; call .contiguous() first (and copy the result back)")
+    check_dense(t, what, "fastreduce backend", layout_error=BackendError,
+                contiguity_error=BufferError, device_hint="the backend takes cpu and cuda tensors",
+                contiguity_hint=" (and copy the result back)")
 
 
 def _nbytes(t) -> int:

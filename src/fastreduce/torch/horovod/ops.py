@@ -17,6 +17,7 @@ import torch
 from mpi4py import MPI
 
 from ...backend import collectives as _core
+from ..dense import check_dense
 from . import handles, negotiation, timeline
 from .compression import Compression
 from .negotiation import HorovodMismatch
@@ -70,18 +71,8 @@ def _name(kind: str, name) -> str:
 
 
 def _check_tensor(t, what: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"fastreduce.horovod: {what} must be a torch.Tensor, not "
-                        f"{type(t).__qualname__}")
-    if t.layout != torch.strided:
-        raise ValueError(f"fastreduce.horovod: {what} has layout {t.layout}; give a dense "
-                         f"tensor (sparse tensors: hvd.sparse_allreduce_async)")
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"fastreduce.horovod: {what} is on {t.device}; give a cpu or cuda "
-                         f"tensor")
-    if not t.is_contiguous():
-        raise ValueError(f"fastreduce.horovod: {what} (shape {tuple(t.shape)}) is not "
-                         f"contiguous; call .contiguous() first")
+    check_dense(t, what, "fastreduce.horovod", layout_hint="give a dense tensor (sparse "
+                "tensors: hvd.sparse_allreduce_async)")
 
 
 _reducible: set = set()  # (dtype, op) pairs the core has accepted
