@@ -64,6 +64,37 @@ def timed(comm, fn, iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
+def sgd_steps(models: dict, x, prepare=None) -> dict:
+    """Name -> one SGD step of that model on x. prepare(name, model, optimizer) may attach
+    the optimizer or return another one to use instead."""
+    steps = {}
+    for name, model in models.items():
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if prepare is not None:
+            opt = prepare(name, model, opt) or opt
+
+        def step(model=model, opt=opt):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+
+        steps[name] = step
+    return steps
+
+
+def sample_steps(comm, steps: dict, repeat: int, iters: int, extra=None) -> dict:
+    """Name -> seconds per step of each run: the variants alternated `repeat` times, so
+    that a slow phase of the machine falls on all of them; extra() -> {name: seconds}
+    is sampled in the same rounds."""
+    samples: dict = {name: [] for name in steps}
+    for _ in range(repeat):
+        for name, step in steps.items():
+            samples[name].append(timed(comm, step, iters))
+        for name, seconds in (extra() if extra else {}).items():
+            samples.setdefault(name, []).append(seconds)
+    return samples
+
+
 def ddp_bucket_timeline(args, x) -> list[dict]:
     """When each DDP bucket's all-reduce on the fastreduce backend started and finished,
     in ms from the start of backward (median over steps): buckets that finish before the
@@ -142,24 +173,11 @@ def network_steps(args, comm, floor, results) -> int:
     n_params = sum(q.numel() for q in models["no communication"].parameters())
     grads = np.zeros(n_params, np.float32)
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(comm.rank))
-    steps = {}
-    for name, model in models.items():
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        if name in syncs:
-            syncs[name].attach(opt)
-
-        def step(model=model, opt=opt):
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
-
-        steps[name] = step
-    samples = {name: [] for name in [*steps, "C floor allreduce"]}
-    for _ in range(args.repeat):
-        for name, step in steps.items():
-            samples[name].append(timed(comm, step, args.steps))
-        samples["C floor allreduce"].append(
-            floor.floor_allreduce(comm.py2f(), None, grads.ctypes.data, n_params, 1, 3))
+    steps = sgd_steps(models, x, lambda name, _, opt: syncs[name].attach(opt)
+                      if name in syncs else None)
+    samples = sample_steps(comm, steps, args.repeat, args.steps, lambda: {
+        "C floor allreduce": floor.floor_allreduce(comm.py2f(), None, grads.ctypes.data,
+                                                   n_params, 1, 3)})
     results["step_ms"] = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
     results["ratios"] = {
         f"{a} / {b}": statistics.median(x / y for x, y in zip(samples[a], samples[b],
@@ -245,19 +263,12 @@ def main() -> int:
     grads = np.zeros(n_params, np.float32)
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
     variants = {}
-    for name, model in (("no communication", plain), ("GradientSync", synced),
-                        ("DDP gloo", ddp_model), ("DDP fastreduce", ddp_fastreduce),
-                        ("DDP gloo, view", ddp_gloo_view),
-                        ("DDP fastreduce, view", ddp_fastreduce_view)):
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        if name == "GradientSync":
-            sync.attach(opt)
-
-        def step(model=model, opt=opt):
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
-
+    steps = sgd_steps({"no communication": plain, "GradientSync": synced,
+                       "DDP gloo": ddp_model, "DDP fastreduce": ddp_fastreduce,
+                       "DDP gloo, view": ddp_gloo_view,
+                       "DDP fastreduce, view": ddp_fastreduce_view}, x,
+                      lambda name, _, opt: sync.attach(opt) if name == "GradientSync" else None)
+    for name, step in steps.items():
         variants[name] = step
         if name in ("GradientSync", "DDP fastreduce", "DDP fastreduce, view") and \
                 _engine.state()[0]:
@@ -269,12 +280,9 @@ def main() -> int:
                     _engine.set_host(None)
 
             variants[f"{name}, no engine"] = no_engine_step
-    samples = {name: [] for name in [*variants, "C floor allreduce"]}
-    for _ in range(args.repeat):
-        for name, step in variants.items():
-            samples[name].append(timed(comm, step, args.steps))
-        samples["C floor allreduce"].append(
-            floor.floor_allreduce(comm.py2f(), None, grads.ctypes.data, n_params, 1, 3))
+    samples = sample_steps(comm, variants, args.repeat, args.steps, lambda: {
+        "C floor allreduce": floor.floor_allreduce(comm.py2f(), None, grads.ctypes.data,
+                                                   n_params, 1, 3)})
     med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
     vs_ddp = statistics.median(a / b for a, b in zip(samples["GradientSync"],
                                                      samples["DDP gloo"], strict=True))

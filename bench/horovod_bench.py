@@ -43,7 +43,7 @@ from fastreduce._abi import first_line
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from gradsync_bench import cast_hook, make_mlp, timed  # noqa: E402
+from gradsync_bench import cast_hook, make_mlp, sample_steps, sgd_steps, timed  # noqa: E402
 
 SMALL_BYTES = [4 << k for k in range(9)]  # 4 B .. 1 KiB
 
@@ -81,25 +81,18 @@ def step_variants(args, comm, network: bool) -> dict:
              "GradientSync fp16": fastreduce.GradientSync(models["GradientSync fp16"],
                                                           compression="fp16")}
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(comm.rank))
-    steps = {}
-    for name, model in models.items():
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def prepare(name, model, opt):
         if name in syncs:
-            syncs[name].attach(opt)
-        elif name.startswith("hvd."):
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            compression = hvd.Compression.fp16 if name.endswith("fp16") else \
-                hvd.Compression.none
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                           compression=compression)
+            return syncs[name].attach(opt)
+        if not name.startswith("hvd."):
+            return None
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        compression = hvd.Compression.fp16 if name.endswith("fp16") else hvd.Compression.none
+        return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                        compression=compression)
 
-        def step(model=model, opt=opt):
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
-
-        steps[name] = step
-    return steps
+    return sgd_steps(models, x, prepare)
 
 
 def ratio(samples: dict, a: str, b: str) -> float:
@@ -107,11 +100,7 @@ def ratio(samples: dict, a: str, b: str) -> float:
 
 
 def measure_steps(args, comm, network: bool) -> dict:
-    steps = step_variants(args, comm, network)
-    samples = {name: [] for name in steps}
-    for _ in range(args.repeat):
-        for name, step in steps.items():
-            samples[name].append(timed(comm, step, args.steps))
+    samples = sample_steps(comm, step_variants(args, comm, network), args.repeat, args.steps)
     pairs = [("hvd.DistributedOptimizer", "GradientSync"),
              ("hvd.DistributedOptimizer fp16", "GradientSync fp16"),
              ("hvd.DistributedOptimizer", "no communication"),
