@@ -70,8 +70,8 @@ class DevicePointerSupport:
                                        ("non-blocking", self.nonblocking)) if ok]
         if not names:
             return "none"
-        return " and ".join(names) + (", 16-bit floats too" if self.half else
-                                      " (16-bit floats staged)")
+        return " and ".join(names) + (", 16-bit floats too (FASTREDUCE_HALF_OPS=mpi)"
+                                      if self.half else " (16-bit floats staged)")
 
 
 # (family, blocking, non-blocking, 16-bit, what its documentation says). 16-bit floats

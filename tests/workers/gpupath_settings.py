@@ -46,7 +46,7 @@ for text, environ, want in cases:
           and "cannot read GPU memory" in off.why and "MPIX_Query" in off.why,
           f"{text!r}, not CUDA-aware: {off}")
     check(off.calls() == "none", f"no calls in words: {off.calls()}")
-check(mpi_promises(OMPI, True).calls() == "blocking, 16-bit floats too",
+check(mpi_promises(OMPI, True).calls() == "blocking, 16-bit floats too (FASTREDUCE_HALF_OPS=mpi)",
       mpi_promises(OMPI, True).calls())
 check(mpi_promises(MPICH4, True).calls() == "blocking and non-blocking (16-bit floats staged)",
       mpi_promises(MPICH4, True).calls())

@@ -13,6 +13,7 @@ import torch
 from common import Failures
 
 import fastreduce
+from fastreduce.backend import reductions
 from fastreduce.backend.collectives import _reduce_local
 
 fails = Failures()
@@ -56,6 +57,7 @@ def check(dtype: str, op: str, a_bits: np.ndarray, b_bits: np.ndarray) -> None:
 
 
 print("paths:", fastreduce.half_precision_paths())
+print("mpi types:", reductions.mpi_half_types())
 for dtype in ("float16", "bfloat16"):
     for op in ("sum", "prod", "min", "max"):
         check(dtype, op, bits, partner)

@@ -79,6 +79,20 @@ def check_allreduce():
             "prescale/postscale")
     got = hvd.allreduce(x, average=False)
     f.check(torch.equal(got, everyone((6,), torch.float32, 7).sum(0).float()), "average=False")
+    # Average with factors: the float path divides in fastreduce, the integer one in torch
+    for dtype in (torch.float64, torch.float32, torch.int32):
+        v = make(rank, (5,), dtype, 12)
+        got = hvd.allreduce(v, prescale_factor=3.0, postscale_factor=0.5)
+        want = everyone((5,), dtype, 12).mul(3.0).sum(0) / size * 0.5
+        want = want.to(dtype) if dtype.is_floating_point else \
+            (everyone((5,), dtype, 12).mul(3.0).trunc().sum(0) * (0.5 / size)).trunc().to(dtype)
+        f.check(got.dtype == dtype and torch.allclose(got.double(), want.double(), rtol=1e-6),
+                f"Average with factors {dtype}: {got} != {want}")
+    a = make(rank, (7,), torch.float32, 13)
+    handle = hvd.allreduce_async_(a, name="async average")
+    f.check(hvd.synchronize(handle) is a and
+            torch.allclose(a.double(), everyone((7,), torch.float32, 13).mean(0), rtol=1e-6),
+            f"async in-place Average {a}")
     y = x.clone()
     out = hvd.allreduce_(y, op=hvd.Max, name="in.place")
     f.check(out is y and torch.equal(y, everyone((6,), torch.float32, 7).max(0).values.float()),
@@ -118,6 +132,12 @@ def check_grouped():
     avg = hvd.grouped_allreduce(ys)  # Average by default
     f.check(all(torch.allclose(a, everyone(y.shape, torch.float64, 30 + i).mean(0))
                 for i, (a, y) in enumerate(zip(avg, ys, strict=True))), "grouped average")
+    mixed = [make(rank, (4,), torch.float32, 32), make(rank, (3,), torch.int64, 33)]
+    got = hvd.grouped_allreduce(mixed)  # Average of a float and an integer tensor
+    f.check(torch.allclose(got[0].double(), everyone((4,), torch.float32, 32).mean(0),
+                           rtol=1e-6) and
+            torch.equal(got[1], everyone((3,), torch.int64, 33).mean(0).trunc().long()),
+            f"grouped average of float and int {got}")
     gathered = hvd.grouped_allgather([torch.full((rank + 1,), rank), torch.ones(1, 2) * rank])
     f.check(gathered[0].tolist() == [r for r in range(size) for _ in range(r + 1)] and
             gathered[1].shape == (size, 2), "grouped_allgather")
@@ -252,6 +272,12 @@ def check_join():
         for step in range(steps):
             got = hvd.allreduce(torch.tensor([1.0, float(rank)]), op=hvd.Sum, name=f"j{step}")
             f.check(got.tolist() == [size - 1, sum(range(size - 1))], f"joined allreduce {got}")
+            # Average: the joined rank adds zeros; the sum is divided by the set's size
+            got = hvd.allreduce(torch.tensor([1.0, float(rank)], dtype=torch.float64),
+                                name=f"a{step}")
+            f.check(torch.allclose(got, torch.tensor([size - 1, sum(range(size - 1))],
+                                                     dtype=torch.float64) / size),
+                    f"joined average {got}")
             g = hvd.allgather(torch.tensor([rank]), name=f"g{step}")
             f.check(g.tolist() == list(range(size - 1)), f"joined allgather {g}")
         hvd.barrier()

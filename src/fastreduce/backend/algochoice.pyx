@@ -36,8 +36,10 @@ cdef extern from *:
     /* The last (communicator, plan) this thread looked up: the hot path skips the attribute
      * look-up. Valid while fr_plan_epoch is unchanged (a plan freed or replaced bumps it). */
     static long long fr_plan_epoch = 0;  /* read and bumped atomically: any thread */
-    static inline long long fr_epoch_now(void) { return __atomic_load_n(&fr_plan_epoch, __ATOMIC_ACQUIRE); }
-    static inline void fr_epoch_bump(void) { __atomic_fetch_add(&fr_plan_epoch, 1, __ATOMIC_ACQ_REL); }
+    static inline long long fr_epoch_now(void)
+    { return __atomic_load_n(&fr_plan_epoch, __ATOMIC_ACQUIRE); }
+    static inline void fr_epoch_bump(void)
+    { __atomic_fetch_add(&fr_plan_epoch, 1, __ATOMIC_ACQ_REL); }
     static __thread long long fr_cached_epoch = -1;
     static __thread MPI_Comm fr_cached_comm;
     static __thread void *fr_cached_plan = NULL;

@@ -18,8 +18,9 @@ ctypedef struct BufferView:
     void* stream                  # GPU memory: the stream whose queued work produced it
     bint own_stream               # `stream` is fastreduce's: finish on the host before return
     bint torch                    # a torch tensor (its storage can be swapped: set_, resize_)
-    int lazy                      # LAZY_* bits of the object read; `data` is then a resolved
-                                  # copy's (the owner acquire returns is a Resolved)
+    # LAZY_* bits of the object read; `data` is then a resolved copy's (the owner acquire
+    # returns is a Resolved)
+    int lazy
 
 # torch's lazy views: the memory holds the conjugate / the negation of the values
 cdef enum:

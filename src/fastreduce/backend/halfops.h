@@ -29,8 +29,8 @@ static inline float fr_f16_to_f32(uint16_t h)
   uint32_t exponent = bits & 0x0f800000u;
   uint32_t normal = bits + 0x38000000u;               /* rebias the exponent 15 -> 127 */
   uint32_t special = normal + 0x38000000u;            /* inf, nan: exponent 255 */
-  /* zero, subnormal: 2**-14 * (1 + m/1024) - 2**-14 = m * 2**-24, exactly */
-  uint32_t small = fr_f32_to_bits(fr_bits_to_f32(normal + 0x00800000u) - 6.103515625e-05f);
+  /* zero, subnormal: m * 2**-24, exact (and +0 for m = 0) in every rounding mode */
+  uint32_t small = fr_f32_to_bits((float)(int32_t)(h & 0x3ffu) * 5.9604644775390625e-8f);
   uint32_t is_special = fr_mask(exponent == 0x0f800000u), is_small = fr_mask(exponent == 0);
   return fr_bits_to_f32(sign | (special & is_special) | (small & is_small)
                         | (normal & ~(is_special | is_small)));

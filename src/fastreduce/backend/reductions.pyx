@@ -323,6 +323,13 @@ cdef void _init_half_kinds(str setting) except *:
                    fr_bf16_sum, fr_bf16_prod, fr_bf16_min, fr_bf16_max, setting)
 
 
+def mpi_half_types() -> dict:
+    """Whether the MPI this extension was built against has its own float16 and bfloat16
+    datatypes (what FASTREDUCE_HALF_OPS=mpi can ask)."""
+    return {"float16": FR_MPIX_FLOAT16 != MPI_DATATYPE_NULL,
+            "bfloat16": FR_MPIX_BFLOAT16 != MPI_DATATYPE_NULL}
+
+
 def set_half_ops(str setting) -> None:
     """Whose ops the 16-bit floats use: "fastreduce" (also "auto") or "mpi" (the MPI's own
     types where asking it shows they reduce correctly). Set once, at set-up

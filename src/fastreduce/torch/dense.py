@@ -13,9 +13,11 @@ def check_dense(t, what: str, prefix: str, *, layout_error: type = ValueError,
     `prefix` and name the argument as `what`."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{prefix}: {what} must be a torch.Tensor, not {type(t).__qualname__}")
-    if t.layout != torch.strided or t.is_quantized:
-        raise layout_error(f"{prefix}: {what} has layout {t.layout}"
-                           f"{' (quantized)' if t.is_quantized else ''}; {layout_hint}")
+    if t.is_quantized:
+        raise TypeError(f"{prefix}: {what} is quantized ({t.dtype}); reduce its "
+                        f".dequantize() instead")
+    if t.layout != torch.strided:
+        raise layout_error(f"{prefix}: {what} has layout {t.layout}; {layout_hint}")
     if t.device.type not in ("cpu", "cuda"):
         raise layout_error(f"{prefix}: {what} is on {t.device}; {device_hint}")
     if not t.is_contiguous():
