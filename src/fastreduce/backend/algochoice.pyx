@@ -124,7 +124,8 @@ cdef const Plan* plan_for(MPI_Comm handle) except NULL:
     if fr_cached_epoch == epoch and fr_cached_comm == handle:
         return <const Plan*>fr_cached_plan
     cdef const Plan* plan = _look_up(handle)
-    fr_cached_epoch, fr_cached_comm, fr_cached_plan = fr_epoch_now(), handle, <void*>plan
+    # stamped with the epoch read before the look-up: a plan freed meanwhile is not kept
+    fr_cached_epoch, fr_cached_comm, fr_cached_plan = epoch, handle, <void*>plan
     return plan
 
 
@@ -139,7 +140,14 @@ cdef const Plan* _look_up(MPI_Comm handle) except NULL:
     cdef MPI.Intracomm comm = MPI.Intracomm.__new__(MPI.Intracomm)
     comm.ob_mpi = handle  # a view of the handle: not freed with this object
     agreed = _agreement(comm)
-    cdef Plan* plan = _new_plan(agreed)
+    cdef Plan* plan
+    try:
+        plan = _new_plan(agreed)
+    except BaseException:
+        for name in ("local", "leaders", "cross", "ring"):  # the agreement made them for it
+            if agreed.get(name) is not None:
+                agreed[name].Free()
+        raise
     keep_record(handle, _keyval, _free_plan, plan)  # frees an older plan
     return plan
 

@@ -144,13 +144,16 @@ static int fr_ring_step(const fr_combine *c, const char *out, int64_t sendn, cha
   int64_t rpiece = fr_piece(recvn, wsize, piece_bytes), spiece = fr_piece(sendn, wsize, piece_bytes);
   int nr = 0, ns = 0, k, ierr = MPI_SUCCESS, err2;
   int64_t off, n;
-  for (off = 0; off < recvn && ierr == MPI_SUCCESS; off += rpiece, nr++) {
+  /* nr, ns count only the requests MPI started: a failed call leaves its handle undefined */
+  for (off = 0; off < recvn && ierr == MPI_SUCCESS; off += rpiece) {
     n = recvn - off < rpiece ? recvn - off : rpiece;
     ierr = MPI_Irecv(in + off * wsize, (int)n, wtype, left, 0, comm, &recvs[nr]);
+    if (ierr == MPI_SUCCESS) nr++;
   }
-  for (off = 0; off < sendn && ierr == MPI_SUCCESS; off += spiece, ns++) {
+  for (off = 0; off < sendn && ierr == MPI_SUCCESS; off += spiece) {
     n = sendn - off < spiece ? sendn - off : spiece;
     ierr = MPI_Isend(out + off * wsize, (int)n, wtype, right, 0, comm, &sends[ns]);
+    if (ierr == MPI_SUCCESS) ns++;
   }
   if (ierr != MPI_SUCCESS) {  /* nothing may still write into `in` once we return */
     for (k = 0; k < nr; k++) MPI_Cancel(&recvs[k]);
