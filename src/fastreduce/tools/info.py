@@ -110,8 +110,9 @@ def _tcp_links(family: str, nodes) -> dict:
     links = os.environ.get("OMPI_MCA_btl_tcp_links")
     if links and links.strip() not in ("", "1"):
         return {"TCP links": f"{links.strip()} per peer (OMPI_MCA_btl_tcp_links)"}
-    return {"TCP links": "1 per peer: where ranks talk over TCP, set OMPI_MCA_btl_tcp_links=2 "
-                         "(one connection gets about half a busy link both ways)"}
+    return {"TCP links": "1 per peer: one connection can get about half a busy link both "
+                         "ways; OMPI_MCA_btl_tcp_links=2 may help (measured: back-to-back "
+                         "exchanges, not training steps; docs/algorithms.md)"}
 
 
 def _engine_state() -> str:
