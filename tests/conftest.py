@@ -1,19 +1,35 @@
+"""Shared by every test: tests/support on the path, the cluster of a pass across nodes,
+and tests/mpi left out of a run that does not name it (its cases run on every rank of an
+MPI job: `mpiexec -n N python -m pytest tests/mpi`, docs/testing.md)."""
+
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+SUPPORT = Path(__file__).parent / "support"
+sys.path.insert(0, str(SUPPORT))
 
 import mpirun  # noqa: E402  (after the path above)
+
+MPI_CASES = Path(__file__).parent / "mpi"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config):
+    """tests/mpi only when named: a single-process run must not initialise MPI itself."""
+    if collection_path == MPI_CASES:
+        named = (Path(a.split("::")[0]).resolve() for a in config.args)
+        if not any(p == MPI_CASES or MPI_CASES in p.parents for p in named):
+            return True
+    return None
 
 
 @pytest.fixture(scope="session", autouse=True)
 def test_cluster():
     """With FASTREDUCE_TEST_NODES=K, a K-node cluster for the session, removed at its end."""
     nodes = mpirun.test_nodes()
-    if not nodes:
+    if not nodes or "FASTREDUCE_IN_CLUSTER" in os.environ:
         yield None
         return
     cluster = mpirun.cluster_or_skip(nodes, mpirun.TEST_CLUSTER, mpirun.TEST_SUBNET,
@@ -24,14 +40,14 @@ def test_cluster():
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """Workers load the fake CUDA runtime (tests/fakecuda), with no GPU setting inherited."""
+    """Launched programs load the fake CUDA runtime (tests/support/fakecuda), with no GPU
+    setting inherited."""
     import fakecuda
+    import profiles
 
-    monkeypatch.setenv("FASTREDUCE_CUDART", fakecuda.library_path())
-    for variable in ("FASTREDUCE_CUDA_AWARE", "FASTREDUCE_STAGING_CHUNK_KB",
-                     "FASTREDUCE_GPU_PATH", "FASTREDUCE_GPU_THRESHOLDS",
-                     "FASTREDUCE_GPU_THRESHOLDS_FILE", "FASTREDUCE_DEVICE_POINTERS"):
+    for variable in profiles.CLEARED:
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("FASTREDUCE_CUDART", fakecuda.library_path())
 
 
 def pytest_collection_modifyitems(config, items):

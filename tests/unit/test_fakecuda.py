@@ -259,7 +259,7 @@ def test_process_may_exit_with_streams_busy():
             "keep = fakecuda.Stream()\n")
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=Path(__file__).parent)
+                          timeout=60, cwd=Path(__file__).parents[1] / "support")
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - start < 20  # did not wait for the write
 

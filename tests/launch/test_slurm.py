@@ -23,7 +23,7 @@ from slurm_cluster import MultiNodeSlurm, SlurmCluster, missing_tools
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).parent / "workers"
 FAMILIES = {"mpich": (ROOT / ".venv-mpich", "pmi2"),
             "openmpi": (ROOT / ".venv-system-openmpi", "pmix")}

@@ -247,7 +247,7 @@ def test_segment_setting(monkeypatch):
 
 def test_train_step_bench_cpu_sized():
     """bench/train_step_bench.py in CI size: every variant timed, both ratios printed."""
-    script = str(Path(__file__).resolve().parents[1] / "bench" / "train_step_bench.py")
+    script = str(Path(__file__).resolve().parents[2] / "bench" / "train_step_bench.py")
     rc, out = run_mpi(2, sys.executable, script, "--width", "64", "--depth", "2", "--batch",
                       "8", "--steps", "2", "--repeat", "1", timeout=300)
     assert rc == 0, out

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mpirun import run_mpi
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # A ```python block; `<!-- skip-test ... -->` on the line before it keeps it out of the run.
 BLOCK = re.compile(r"(?P<skip><!--\s*skip-test\b[^>]*-->\n)?```python\n(?P<code>.*?)^```",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fastreduce"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "fastreduce"
 # `fastreduce`, and the modules keeping the public names fastreduce.nn etc. working
 PUBLIC = {"fastreduce", "fastreduce.nn", "fastreduce.distributed", "fastreduce.distdl",
           "fastreduce.ops", "fastreduce.autograd", "fastreduce.gradsync", "fastreduce.horovod"}

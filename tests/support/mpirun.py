@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-WORKERS = Path(__file__).parent / "workers"
+PROGRAMS = Path(__file__).parents[1] / "launch" / "programs"  # launched scripts
 DEFAULT_TIMEOUT = float(os.environ.get("FASTREDUCE_TEST_TIMEOUT", "300"))
 TEST_CLUSTER = "frt"  # the name of the cluster the multi-node pass runs on
 TEST_SUBNET = "10.77.90.0/24"
@@ -112,13 +112,50 @@ def run_mpi(nprocs: int, *command: str, timeout: float = DEFAULT_TIMEOUT) -> tup
     return rc, output
 
 
-def _run_once(nprocs: int, command: tuple[str, ...], timeout: float) -> tuple[int, str]:
-    env = launcher_env()
+def job_command(nprocs: int, command: list[str], env: dict[str, str]
+                ) -> tuple[list[str], dict[str, str]]:
+    """The launcher's command line and environment for `command` on `nprocs` ranks: on
+    this host, or across the test cluster's nodes with FASTREDUCE_TEST_NODES."""
     if test_nodes():
         _placed(nprocs)
-        cmd, env, _ = _cluster().command(nprocs, list(command), env=env)
-    else:
-        cmd = [*mpiexec(), "-n", str(nprocs), *command]
+        cmd, env, _ = _cluster().command(nprocs, command, env=env)
+        return cmd, env
+    return [*mpiexec(), "-n", str(nprocs), *command], env
+
+
+def stream_mpi(nprocs: int, command: list[str], env: dict[str, str], cwd: Path,
+               timeout: float) -> int:
+    """Run `command` on `nprocs` ranks, its output going straight to ours; its exit status
+    (after `timeout` seconds the job is killed: 124)."""
+    cmd, env = job_command(nprocs, command, env)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"the job ran past {timeout:.0f} s and is killed", flush=True)
+        if test_nodes():
+            _cluster().stop(proc)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return 124
+
+
+def cluster_up(nodes: int):
+    """The test cluster of `nodes` nodes, brought up (a context manager; exit removes it)."""
+    import pytest
+
+    try:
+        return cluster_or_skip(nodes, TEST_CLUSTER, TEST_SUBNET,
+                               os.environ.get("FASTREDUCE_TEST_LINK")).__enter__()
+    except pytest.skip.Exception as exc:
+        raise SystemExit(f"no cluster: {exc}") from None
+    except pytest.fail.Exception as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def _run_once(nprocs: int, command: tuple[str, ...], timeout: float) -> tuple[int, str]:
+    cmd, env = job_command(nprocs, list(command), launcher_env())
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
     try:
@@ -134,13 +171,14 @@ def _run_once(nprocs: int, command: tuple[str, ...], timeout: float) -> tuple[in
     return proc.returncode, output
 
 
-def run_workers(script: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIMEOUT) -> str:
-    """Run tests/workers/<script> on `nprocs` ranks; fail with all output on error or hang.
+def run_program(script: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """Run tests/launch/programs/<script> on `nprocs` ranks; fail with all output on error
+    or hang.
 
     `python -m mpi4py` makes an uncaught exception on one rank abort the whole
     job instead of leaving the other ranks waiting in a collective.
     """
-    rc, output = run_mpi(nprocs, sys.executable, "-m", "mpi4py", str(WORKERS / script), *args,
+    rc, output = run_mpi(nprocs, sys.executable, "-m", "mpi4py", str(PROGRAMS / script), *args,
                          timeout=timeout)
     if rc != 0:
         raise AssertionError(f"{script} on {nprocs} ranks exited with {rc}:\n{output}")

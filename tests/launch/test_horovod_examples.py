@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mpirun import run_mpi
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "horovod"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "horovod"
 BENCHMARK = EXAMPLES / "pytorch_synthetic_benchmark.py"
 MNIST = EXAMPLES / "pytorch_mnist.py"
 

@@ -1,0 +1,221 @@
+"""pytest on every rank: the harness behind tests/mpi.
+
+    mpiexec -n 3 python -m pytest tests/mpi                       every 3-rank case
+    mpiexec -n 3 python -m pytest tests/mpi/test_engine.py -k wait --profile fakecuda
+
+Every rank runs the same pytest session. A case is marked with the rank counts and the
+profile (tests/support/profiles.py) it runs with, `@pytest.mark.mpi(ranks=(2, 3),
+profile="debug")`; unmarked cases run on 1 to 4 ranks in the default profile. Cases for
+other rank counts or profiles are deselected, and a session that selects none of its
+cases says which sessions would.
+
+After each phase of each case (set-up, call, tear-down) the ranks agree on its outcome:
+a failure on any rank is a failure on every rank, so all ranks always run the same
+next step, and rank 0 reports it with each failing rank's text and the command that runs
+the case again. The other ranks print nothing but what they write to stderr. A case
+that runs past its timeout (pytest-timeout's `timeout`, or `@pytest.mark.timeout(s)`)
+is named on stderr with every thread's stack, and the job is ended with MPI_Abort:
+a hang costs its timeout, never the rest of CI's time.
+
+Why not the pytest-mpi plugin: it skips cases by communicator size, but neither agrees
+on outcomes across ranks nor ends a hung job; both are what keeps a multi-rank session
+from hanging or diverging, so they live here (about two hundred lines).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import json
+import os
+import shlex
+import sys
+import threading
+
+import pytest
+from mpi4py import MPI
+
+import profiles
+
+DEFAULT_RANKS = (1, 2, 3, 4)
+TIMED_OUT_EXIT = 124  # the MPI_Abort error code of a case past its timeout
+_TIMER = pytest.StashKey[threading.Timer]()
+
+
+def case_sessions(item: pytest.Item) -> tuple[tuple[int, ...], str]:
+    """(rank counts, profile) a case runs with, from its `mpi` marker."""
+    marker = item.get_closest_marker("mpi")
+    kwargs = marker.kwargs if marker else {}
+    ranks = kwargs.get("ranks", DEFAULT_RANKS)
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    return ranks, kwargs.get("profile", "default")
+
+
+class MPIHarness:
+    """The pytest plugin: selection by size and profile, agreement, timeouts, reporting."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.comm = MPI.COMM_WORLD.Dup()  # the harness's messages never meet a case's
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.profile = config.getoption("profile")
+        self.checks = 0  # checks made by this rank's cases (the `checks` fixture)
+        self.cases = 0
+
+    # -- set-up -------------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        config = session.config
+        if self.rank == 0:
+            return
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # rank 0 reports for every rank
+            from _pytest._io import TerminalWriter
+
+            reporter._tw = TerminalWriter(open(os.devnull, "w"))  # noqa: SIM115
+        if getattr(config, "cache", None) is not None:  # rank 0 keeps the cache
+            config.cache.set = lambda key, value: None
+
+    def pytest_report_header(self, config: pytest.Config) -> str:
+        return (f"mpi: {self.size} rank(s), profile {self.profile!r}, "
+                f"{MPI.Get_library_version().splitlines()[0].strip()}")
+
+    # -- collection ---------------------------------------------------------------------
+    def pytest_collection_modifyitems(self, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        if config.getoption("mpi_sessions"):
+            return
+        keep, drop, wanted = [], [], set()
+        for item in items:
+            ranks, profile = case_sessions(item)
+            if self.size in ranks and profile == self.profile:
+                keep.append(item)
+            else:
+                drop.append(item)
+                wanted.update((n, profile) for n in ranks)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+        if not keep and wanted and self.rank == 0:
+            runs = ", ".join(f"{n} rank(s) --profile {p}" for n, p in sorted(wanted))
+            print(f"\nno case here runs on {self.size} rank(s) with profile "
+                  f"{self.profile!r}; the selected cases run on: {runs}", file=sys.stderr)
+        digest = hashlib.sha1("\n".join(i.nodeid for i in items).encode()).hexdigest()
+        digests = self.comm.allgather(digest)
+        if len(set(digests)) != 1:
+            pytest.exit(f"the ranks collected different cases (digests {digests}): give every "
+                        f"rank the same arguments and files", returncode=3)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not session.config.getoption("mpi_sessions"):
+            return
+        found = sorted({(n, p) for item in session.items
+                        for ranks, p in [case_sessions(item)] for n in ranks})
+        if self.rank == 0:
+            print(json.dumps(found))
+        pytest.exit("listed the sessions", returncode=0)
+
+    # -- running ------------------------------------------------------------------------
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        __tracebackhide__ = True
+        result = yield
+        checks = getattr(item, "funcargs", {}).get("checks")
+        if checks is not None:
+            self.checks += checks.count
+            if checks.failures:
+                raise AssertionError(f"{len(checks.failures)} of {checks.count} checks failed "
+                                     f"on rank {self.rank}:\n{checks.report()}")
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        if call.when == "call":
+            self.cases += 1
+        local = (report.outcome, report.longreprtext if report.failed else "",
+                 _skip_reason(report) if report.skipped else "")
+        everyone = self.comm.allgather(local)
+        outcomes = {outcome for outcome, _, _ in everyone}
+        if outcomes == {report.outcome} and not report.failed:
+            return report
+        failed = [r for r, (outcome, _, _) in enumerate(everyone) if outcome == "failed"]
+        if failed:
+            head = (f"{call.when} failed on rank(s) {', '.join(map(str, failed))} "
+                    f"of {self.size}")
+            texts = [f"---------- rank {r} ----------\n{everyone[r][1]}" for r in failed]
+        else:
+            by = {o: [r for r, e in enumerate(everyone) if e[0] == o] for o in sorted(outcomes)}
+            head = (f"the ranks disagree in {call.when}: "
+                    + "; ".join(f"{o} on rank(s) {', '.join(map(str, rs))}"
+                                for o, rs in by.items()))
+            texts = [f"rank {r} skipped: {reason}" for r, (o, _, reason) in enumerate(everyone)
+                     if o == "skipped"]
+        report.outcome = "failed"
+        report.longrepr = "\n".join([head, *texts, f"run it again: {self.reproduce(item)}"])
+        return report
+
+    def reproduce(self, item: pytest.Item) -> str:
+        """The command that runs this one case again, with this session's size and profile."""
+        command = f"python -m pytest {shlex.quote(item.nodeid)}"
+        if self.profile != "default":
+            command += f" --profile {self.profile}"
+        if self.size > 1:
+            command = f"mpiexec -n {self.size} {command}"
+        nodes = os.environ.get("FASTREDUCE_TEST_NODES")
+        if nodes:
+            command = f"python tests/support/sessions.py --nodes {nodes} -- {command}"
+        return command
+
+    # -- timeouts (pytest-timeout's hooks: this harness's timer replaces its own) -------
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings) -> bool:
+        if settings.timeout and settings.timeout > 0:
+            timer = threading.Timer(settings.timeout, self._timed_out,
+                                    (item, settings.timeout))
+            timer.daemon = True
+            timer.start()
+            item.stash[_TIMER] = timer
+        return True
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool:
+        timer = item.stash.get(_TIMER, None)
+        if timer is not None:
+            timer.cancel()
+            del item.stash[_TIMER]
+        return True
+
+    def _timed_out(self, item: pytest.Item, seconds: float) -> None:
+        sys.stderr.write(
+            f"\n{'=' * 24} TIMEOUT {'=' * 24}\n"
+            f"{item.nodeid} did not finish in {seconds:g} s on rank {self.rank} of "
+            f"{self.size}: FAILED, the job is ended (MPI_Abort)\n"
+            f"run it again: {self.reproduce(item)}\nthis rank's threads:\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(TIMED_OUT_EXIT)
+
+    # -- the end ------------------------------------------------------------------------
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.total_checks = self.comm.allreduce(self.checks)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.rank == 0 and not self.config.getoption("mpi_sessions"):
+            terminalreporter.write_line(
+                f"mpi: {self.total_checks} checks in {self.cases} cases on {self.size} "
+                f"rank(s), profile {self.profile!r}")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+def apply_profile(name: str) -> None:
+    """Set the profile's variables (and clear the others) before fastreduce is imported."""
+    env = profiles.environment(name)
+    for variable in profiles.CLEARED:
+        os.environ.pop(variable, None)
+    os.environ.update(env)

@@ -1,0 +1,101 @@
+"""Run every multi-rank session tests/mpi needs: one `mpiexec -n N python -m pytest
+tests/mpi --profile P` per (rank count, profile) that some selected case asks for.
+
+    python tests/support/sessions.py                   every session, on this host
+    python tests/support/sessions.py -- -k engine -x   pytest arguments after --
+    python tests/support/sessions.py --ranks 3 --profile fakecuda
+    python tests/support/sessions.py --nodes 2         the cases marked across_nodes, on a
+                                                       cluster of 2 nodes (root; 3 and 4 ranks)
+
+The sessions are found by collecting tests/mpi once (`--mpi-sessions`); each one streams
+its output, and a table of every session's time and exit status ends the run. The exit
+status is 0 only if every session passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SUPPORT = Path(__file__).resolve().parent
+ROOT = SUPPORT.parents[1]
+sys.path.insert(0, str(SUPPORT))
+
+import mpirun  # noqa: E402  (after the path above)
+
+# Across nodes, the rank counts each cluster runs: 2 nodes x 2 ranks (communicators within
+# a node and across) and 2 + 1; on 3 nodes, one rank a node (every byte over the network).
+ACROSS_NODES = {2: (3, 4), 3: (3,)}
+SESSION_GUARD = 3600.0  # seconds; each case has its own, shorter timeout
+
+
+def needed_sessions(pytest_args: list[str], env: dict[str, str]) -> list[tuple[int, str]]:
+    """The (ranks, profile) pairs of the cases the arguments select."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/mpi", "--collect-only", "-q",
+                           "--mpi-sessions", "-p", "no:cacheprovider", *pytest_args],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    if done.returncode != 0 or not lines:
+        sys.exit(f"sessions.py: collecting tests/mpi failed:\n{done.stdout}\n{done.stderr}")
+    return [tuple(pair) for pair in json.loads(lines[-1])]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=lambda s: [int(n) for n in s.split(",")],
+                        help="only these rank counts (comma-separated)")
+    parser.add_argument("--profile", action="append", help="only this profile (repeatable)")
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="run the across_nodes cases on a cluster of this many nodes")
+    parser.add_argument("pytest_args", nargs="*", help="for pytest (after --)")
+    args = parser.parse_args()
+
+    env = mpirun.launcher_env()
+    pytest_args = list(args.pytest_args)
+    if args.nodes:
+        pytest_args = ["-m", "across_nodes", *pytest_args]
+    sessions = needed_sessions(pytest_args, env)
+    if args.nodes:
+        sessions = [(n, p) for n, p in sessions if n in ACROSS_NODES[args.nodes]]
+    if args.ranks:
+        sessions = [(n, p) for n, p in sessions if n in args.ranks]
+    if args.profile:
+        sessions = [(n, p) for n, p in sessions if p in args.profile]
+    if not sessions:
+        print("sessions.py: no case selected", file=sys.stderr)
+        return 5
+
+    cluster = None
+    if args.nodes:
+        os.environ["FASTREDUCE_TEST_NODES"] = str(args.nodes)
+        env["FASTREDUCE_TEST_NODES"] = str(args.nodes)
+        cluster = mpirun.cluster_up(args.nodes)
+    results = []
+    try:
+        for ranks, profile in sessions:
+            where = f" across {args.nodes} nodes" if args.nodes else ""
+            print(f"=== {ranks} rank(s), profile {profile}{where} ===", flush=True)
+            command = [sys.executable, "-m", "pytest", "tests/mpi", "--profile", profile,
+                       "-p", "no:cacheprovider", *pytest_args]
+            start = time.monotonic()
+            rc = mpirun.stream_mpi(ranks, command, env=env, cwd=ROOT, timeout=SESSION_GUARD)
+            results.append((ranks, profile, rc, time.monotonic() - start))
+    finally:
+        if cluster is not None:
+            cluster.__exit__(None, None, None)
+    print("=== sessions ===")
+    for ranks, profile, rc, seconds in results:
+        state = "passed" if rc == 0 else f"FAILED (exit {rc})"
+        print(f"  {ranks:>2} rank(s)  {profile:<22} {seconds:7.1f} s  {state}")
+    failed = sum(rc != 0 for *_, rc, _ in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
