@@ -53,10 +53,10 @@ if bad or missing:
     sys.exit(f"bootstrap.sh: MINIMUM and pyproject.toml's floors disagree: {bad or ''}"
              f"{' no floor for ' + str(sorted(missing)) if missing else ''}")
 PY
-  "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2" ninja
+  "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2.1" ninja
 else
   "${pip[@]}" install $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
-    "pytest>=8" "pytest-timeout>=2" "meson-python>=0.16" "cython>=3.1" ninja matplotlib mypy \
+    "pytest>=8" "pytest-timeout>=2.1" "meson-python>=0.16" "cython>=3.1" ninja matplotlib mypy \
     sphinx myst-parser ruff cython-lint pycodestyle
 fi
 # Build against the venv's MPI (mpicc first on PATH); the build folder is kept

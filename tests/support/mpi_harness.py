@@ -31,11 +31,12 @@ import os
 import shlex
 import sys
 import threading
-
-import pytest
-from mpi4py import MPI
+from pathlib import Path
 
 import profiles
+import pytest
+from checks import Checks
+from mpi4py import MPI
 
 DEFAULT_RANKS = (1, 2, 3, 4)
 TIMED_OUT_EXIT = 124  # the MPI_Abort error code of a case past its timeout
@@ -219,3 +220,40 @@ def apply_profile(name: str) -> None:
     for variable in profiles.CLEARED:
         os.environ.pop(variable, None)
     os.environ.update(env)
+
+
+# -- the plugin's hooks and fixtures, imported by the conftest.py of each folder of cases --
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("mpi", "multi-rank cases (tests/support/mpi_harness.py)")
+    group.addoption("--profile", default="default",
+                    help="the environment of this session (tests/support/profiles.py); "
+                         "cases of other profiles are deselected")
+    group.addoption("--mpi-sessions", action="store_true",
+                    help="print the [ranks, profile] sessions the collected cases need, "
+                         "as JSON, and exit")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    apply_profile(config.getoption("profile"))
+    config.pluginmanager.register(MPIHarness(config), "mpi_harness")
+
+
+@pytest.fixture
+def checks() -> Checks:
+    """Soft checks: a failure is recorded and the case goes on to its next collective; the
+    case fails after it returns, on every rank, with each rank's failures."""
+    return Checks()
+
+
+@pytest.fixture(scope="session")
+def comm() -> MPI.Intracomm:
+    """MPI.COMM_WORLD: every rank of the session."""
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def shared_tmp_path(tmp_path: Path) -> Path:
+    """Rank 0's new tmp_path, the same directory on every rank (the nodes of a test
+    cluster share this machine's file system)."""
+    return Path(MPI.COMM_WORLD.bcast(str(tmp_path)))

@@ -34,9 +34,15 @@ ACROSS_NODES = {2: (3, 4), 3: (3,)}
 SESSION_GUARD = 3600.0  # seconds; each case has its own, shorter timeout
 
 
+def with_paths(pytest_args: list[str]) -> list[str]:
+    """The arguments, with tests/mpi first unless they name files or cases of it."""
+    named = any(a.split("::")[0].startswith("tests/mpi") for a in pytest_args)
+    return pytest_args if named else ["tests/mpi", *pytest_args]
+
+
 def needed_sessions(pytest_args: list[str], env: dict[str, str]) -> list[tuple[int, str]]:
     """The (ranks, profile) pairs of the cases the arguments select."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "tests/mpi", "--collect-only", "-q",
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
                            "--mpi-sessions", "-p", "no:cacheprovider", *pytest_args],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
@@ -56,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
 
     env = mpirun.launcher_env()
-    pytest_args = list(args.pytest_args)
+    pytest_args = with_paths(list(args.pytest_args))
     if args.nodes:
         pytest_args = ["-m", "across_nodes", *pytest_args]
     sessions = needed_sessions(pytest_args, env)
@@ -80,7 +86,7 @@ def main() -> int:
         for ranks, profile in sessions:
             where = f" across {args.nodes} nodes" if args.nodes else ""
             print(f"=== {ranks} rank(s), profile {profile}{where} ===", flush=True)
-            command = [sys.executable, "-m", "pytest", "tests/mpi", "--profile", profile,
+            command = [sys.executable, "-m", "pytest", "--profile", profile,
                        "-p", "no:cacheprovider", *pytest_args]
             start = time.monotonic()
             rc = mpirun.stream_mpi(ranks, command, env=env, cwd=ROOT, timeout=SESSION_GUARD)
