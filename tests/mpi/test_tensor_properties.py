@@ -10,33 +10,25 @@ sub-communicator).
 Each case either reduces right, checked against numpy's reduction of every rank's
 *logical* input (rebuilt from per-rank seeds, never from fastreduce), or is refused with
 the exception its property calls for, leaving every input as it was. Seeded and
-reproducible: argv[1] is the seed, argv[2] the number of cases, argv[3] (optional) the
-forms to draw from, comma-separated; a failure names its case.
+reproducible: a failure names its case and seed; FASTREDUCE_TEST_FORMS (comma-separated)
+draws only those forms, to reproduce a failing case faster; the long run (marker `long`)
+takes its seed from FASTREDUCE_TEST_SEED.
 """
 
 from __future__ import annotations
 
-import sys
-import warnings
+import os
+from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
-from common import WORLD, Failures
 from reference import matches, ops_for, reduce, values
 
 import fastreduce
 import fastreduce.distributed  # noqa: F401  (registers the backend)
 import fastreduce.ops
-
-warnings.filterwarnings("ignore")  # torch's beta/prototype notices for sparse and nested
-
-f = Failures()
-SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 2026
-CASES = int(sys.argv[2]) if len(sys.argv) > 2 else 300
-ONLY = sys.argv[3].split(",") if len(sys.argv) > 3 else None  # forms to draw (to reproduce)
-p, rank = WORLD.size, WORLD.rank
-dist.init_process_group("fastreduce")
 
 DTYPES = ["float64", "float32", "float16", "bfloat16", "complex64", "complex128", "int8",
           "int16", "int32", "int64", "uint8", "bool"]
@@ -44,10 +36,6 @@ TORCH_DTYPE = {"bfloat16": torch.bfloat16, "bool": torch.bool}
 SIGNED = {"float64", "float32", "float16", "bfloat16", "complex64", "complex128", "int8",
           "int16", "int32", "int64"}
 
-P = fastreduce.Partition().create_cartesian_topology_partition([p, 1])
-COMMS = {"world": None, "split": WORLD.Split(rank % 2, rank), "cartesian sub": P.sub([0])}
-
-GROUPS: dict = {}  # torch process groups over COMMS, made at first use
 REFUSED_TYPE = (TypeError,)
 REFUSED_LAYOUT = (BufferError,)
 
@@ -227,7 +215,7 @@ def memory(t):
     return np.zeros(0)
 
 
-def run(form: str, x, op: str, comm, others: list) -> object:
+def run(form: str, x, op: str, comm, others: list, ctx: Differential) -> object:
     """One call of `form` on x; returns the tensor that holds the result."""
     if form == "allreduce_":
         return fastreduce.allreduce_(x, op, comm=comm)
@@ -250,7 +238,8 @@ def run(form: str, x, op: str, comm, others: list) -> object:
     if form == "wait_all twice":
         request = fastreduce.iallreduce_(x, op, comm=comm)
         first, second = fastreduce.wait_all([request, request])
-        f.check(first is second, f"wait_all gave two results for one request: {form}")
+        ctx.checks.check(first is second,
+                         f"wait_all gave two results for one request: {form}")
         return first
     if form == "coalesced":
         fastreduce.allreduce_coalesced_([others[0], x, *others[1:]], op, comm=comm)
@@ -260,9 +249,9 @@ def run(form: str, x, op: str, comm, others: list) -> object:
         x.set_(torch.zeros_like(x))
         request.wait()  # must raise: the memory MPI wrote is no longer x's
         raise AssertionError("wait() did not notice the storage swap")
-    group = None if comm is None else GROUPS.get(id(comm))
+    group = None if comm is None else ctx.groups.get(id(comm))
     if comm is not None and group is None:
-        group = GROUPS[id(comm)] = fastreduce.distributed.process_group(comm)
+        group = ctx.groups[id(comm)] = fastreduce.distributed.process_group(comm)
     if form == "backend all_reduce":
         dist.all_reduce(x, BACKEND_OPS[op], group=group)
         return x
@@ -323,22 +312,23 @@ def applicable(prop: str, form: str, dtype: str, op: str) -> bool:
     return True
 
 
-def run_case(k: int, rng: np.random.Generator) -> None:
+def run_case(k: int, rng: np.random.Generator, ctx: Differential) -> None:
+    f, world, rank = ctx.checks, ctx.world, ctx.world.rank
     while True:
         prop = str(rng.choice(list(PROPERTIES)))
-        form = str(rng.choice(ONLY or FORMS))
+        form = str(rng.choice(ctx.forms))
         dtype = str(rng.choice(DTYPES))
         op = str(rng.choice(ops_for(dtype)))
         if applicable(prop, form, dtype, op):
             break
-    comm_name = str(rng.choice(list(COMMS)))
-    comm = COMMS[comm_name]
-    n = WORLD.size if comm is None else comm.Get_size()
+    comm_name = str(rng.choice(list(ctx.comms)))
+    comm = ctx.comms[comm_name]
+    n = world.size if comm is None else comm.Get_size()
     shape = shape_for(prop, rng)
     case_seed = int(rng.integers(0, 2**31))
-    label = (f"case {k} (seed {SEED}): {form} {op} {dtype} {shape} {prop} over {comm_name} "
+    label = (f"case {k} (seed {ctx.seed}): {form} {op} {dtype} {shape} {prop} over {comm_name} "
              f"of {n}")
-    members = list(range(WORLD.size)) if comm is None else \
+    members = list(range(world.size)) if comm is None else \
         comm.allgather(rank)  # world ranks of comm's members, in comm's order
     generated = np.asarray(values(dtype, op, shape, rank, case_seed, integral=True))
     x = make(prop, generated, dtype)
@@ -357,7 +347,7 @@ def run_case(k: int, rng: np.random.Generator) -> None:
     companions_before = [logical_values(t) for t in companions]
     expected = expected_outcome(prop, form, dtype, op, n)
     try:
-        got = run(form, x, op, comm, companions)
+        got = run(form, x, op, comm, companions, ctx)
     except Exception as exc:  # noqa: BLE001
         if not isinstance(expected, tuple):
             f.check(False, f"{label}: raised {type(exc).__name__}: {exc}")
@@ -390,24 +380,86 @@ def run_case(k: int, rng: np.random.Generator) -> None:
         dtype, op, shape, r, case_seed, integral=True))), dtype) for r in members])
     want = reduce(everyone, op, n)
     result = logical_values(got)
-    check_close(result, want, dtype, op, everyone, n, label)
+    check_close(f, result, want, dtype, op, everyone, n, label)
     if form not in IN_PLACE:
         f.check(np.array_equal(logical_values(x), before, equal_nan=True),
                 f"{label}: the input changed")
     for j, (other_dtype, _, t) in enumerate(others):
         stack = np.stack([rounded(values(other_dtype, op, (3,), r, (case_seed, j),
                                          integral=True), other_dtype) for r in members])
-        check_close(logical_values(t), reduce(stack, op, n), other_dtype, op, stack, n,
+        check_close(f, logical_values(t), reduce(stack, op, n), other_dtype, op, stack, n,
                     f"{label}: companion {j}")
 
 
-def check_close(result, want, dtype, op, stack, n, label) -> None:
+def check_close(f, result, want, dtype, op, stack, n, label) -> None:
     f.check(matches(result, want, dtype, op, stack, n),
             f"{label}: got {np.ravel(result)[:4]} want {want.ravel()[:4]}")
 
 
-rng = np.random.default_rng(SEED)  # the same choices on every rank
-for k in range(CASES):
-    f.run(f"case {k}", run_case, k, rng)
-fastreduce.wait_all([])
-f.finish()
+@dataclass
+class Differential:
+    """What a run of cases shares: its checks, seed, forms, communicators and groups."""
+
+    checks: object
+    seed: int
+    world: object
+    comms: dict
+    groups: dict = field(default_factory=dict)  # torch process groups, made at first use
+    forms: list = field(default_factory=lambda: list(FORMS))  # the forms drawn from
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """torch.distributed on the fastreduce backend, for the module (made here unless some
+    earlier case left one); the groups made over sub-communicators go with it."""
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("fastreduce")
+    yield
+    if made:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def communicators(comm):
+    """The communicators cases draw from: the world, a split and a Cartesian sub (its
+    partition kept alive meanwhile: freeing a partition frees its subs)."""
+    p, rank = comm.size, comm.rank
+    partition = fastreduce.Partition().create_cartesian_topology_partition([p, 1])
+    yield {"world": None, "split": comm.Split(rank % 2, rank),
+            "cartesian sub": partition.sub([0])}
+
+
+def differential(checks, comm, communicators, seed: int, cases: int) -> None:
+    """`cases` random cases from `seed`, the same choices on every rank."""
+    ctx = Differential(checks, seed, comm, communicators)
+    only = os.environ.get("FASTREDUCE_TEST_FORMS")
+    if only:
+        ctx.forms = only.split(",")
+    rng = np.random.default_rng(seed)  # the same choices on every rank
+    for k in range(cases):
+        checks.run(f"case {k}", run_case, k, rng, ctx)
+    fastreduce.wait_all([])
+
+
+@pytest.mark.filterwarnings("ignore")  # torch's beta/prototype notices for sparse and nested
+@pytest.mark.parametrize("seed", [
+    pytest.param(2026, marks=pytest.mark.mpi(ranks=2), id="2-2026"),
+    pytest.param(7, marks=[pytest.mark.mpi(ranks=3), pytest.mark.across_nodes], id="3-7"),
+])
+def test_tensor_properties_differential(checks, comm, process_group, communicators, seed):
+    """300 random cases over tensor properties x dtypes x ops x entry points x
+    communicators against numpy's reduction of every rank's logical input (rerun one
+    with: mpiexec -n 3 python -m pytest tests/mpi/test_tensor_properties.py -k 3-7)."""
+    differential(checks, comm, communicators, seed, 300)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1200)
+@pytest.mark.mpi(ranks=(2, 3, 4))
+@pytest.mark.filterwarnings("ignore")
+def test_tensor_properties_long(checks, comm, process_group, communicators):
+    """The long run (marker `long`): 3000 cases per rank count, the seed from
+    FASTREDUCE_TEST_SEED (default 1)."""
+    seed = int(os.environ.get("FASTREDUCE_TEST_SEED", "1"))
+    differential(checks, comm, communicators, seed, 3000)

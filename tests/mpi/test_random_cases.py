@@ -1,30 +1,32 @@
 """A randomised differential test: hundreds of random all-reduces (shape, dtype, op, in place
 or not, blocking or not, torch or numpy, world / split / Cartesian sub-communicator), each
 against numpy's reduction of the inputs gathered from every rank. Seeded and reproducible:
-argv[1] is the seed, argv[2] the number of cases; a failure prints its case's parameters."""
+a failure names its case, its seed and its parameters."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
+import pytest
 import torch
-from common import WORLD, Failures
 from reference import matches, ops_for, reduce, values
 
 import fastreduce
 
-f = Failures()
-SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 2026
-CASES = int(sys.argv[2]) if len(sys.argv) > 2 else 300
-p, rank = WORLD.size, WORLD.rank
+pytestmark = pytest.mark.mpi(ranks=3)
+
 DTYPES = ["float64", "float32", "float16", "bfloat16", "complex64", "int8", "int16", "int32",
           "int64", "uint8", "bool"]
 TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "bool": torch.bool}
 
-P = fastreduce.Partition().create_cartesian_topology_partition([p, 1])
-COMMS = {"world": fastreduce.default_comm(), "split": WORLD.Split(rank % 2, rank),
-         "cartesian sub": P.sub([0])}
+
+@pytest.fixture(scope="module")
+def communicators(comm):
+    """The communicators cases draw from: the world, a split and a Cartesian sub (its
+    partition kept alive meanwhile: freeing a partition frees its subs)."""
+    p, rank = comm.size, comm.rank
+    partition = fastreduce.Partition().create_cartesian_topology_partition([p, 1])
+    yield {"world": fastreduce.default_comm(), "split": comm.Split(rank % 2, rank),
+            "cartesian sub": partition.sub([0])}
 
 
 def as_input(data, dtype: str, lib: str):
@@ -41,7 +43,8 @@ def as_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def run_case(k: int, rng: np.random.Generator) -> None:
+def run_case(k: int, rng: np.random.Generator, seed: int, comms: dict, rank: int,
+             f) -> None:
     dtype = str(rng.choice(DTYPES))
     op = str(rng.choice(ops_for(dtype)))
     ndim = int(rng.integers(0, 4))
@@ -50,10 +53,10 @@ def run_case(k: int, rng: np.random.Generator) -> None:
         shape = (int(rng.integers(1000, 300_000)),)  # over the segment and pipeline sizes
     lib = "torch" if dtype == "bfloat16" else str(rng.choice(["torch", "numpy"]))
     form = str(rng.choice(["allreduce_", "allreduce", "iallreduce_", "iallreduce"]))
-    comm_name = str(rng.choice(list(COMMS)))
-    comm = COMMS[comm_name]
+    comm_name = str(rng.choice(list(comms)))
+    comm = comms[comm_name]
     case_seed = int(rng.integers(0, 2**31))
-    label = (f"case {k} (seed {SEED}): {form} {op} {dtype} {shape} {lib} over {comm_name} "
+    label = (f"case {k} (seed {seed}): {form} {op} {dtype} {shape} {lib} over {comm_name} "
              f"of {comm.Get_size()}")
     x = as_input(values(dtype, op, shape, rank, case_seed, integral=False), dtype, lib)
     kept = as_numpy(x).copy()
@@ -78,7 +81,11 @@ def run_case(k: int, rng: np.random.Generator) -> None:
             f"{label}: got {result.ravel()[:4]} want {want.ravel()[:4]}")
 
 
-rng = np.random.default_rng(SEED)  # the same choices on every rank
-for k in range(CASES):
-    f.run(f"case {k}", run_case, k, rng)
-f.finish()
+@pytest.mark.parametrize("seed", [2026, 7])
+def test_random_cases(checks, comm, communicators, seed):
+    """300 random all-reduces at 3 ranks against numpy's reduction of the gathered inputs
+    (rerun a failing seed with: mpiexec -n 3 python -m pytest
+    tests/mpi/test_random_cases.py -k SEED)."""
+    rng = np.random.default_rng(seed)  # the same choices on every rank
+    for k in range(300):
+        checks.run(f"case {k}", run_case, k, rng, seed, communicators, comm.rank, checks)
