@@ -1,9 +1,15 @@
-"""fastreduce on torch CUDA tensors through the staged path, on ranks sharing the node's GPUs.
+"""fastreduce on torch CUDA tensors (the staged path) on 2 and 4 ranks sharing the GPUs.
 
-Every rank selects cuda:(local_rank % device_count) and forces the staged path
-(set_cuda_aware(False): device -> pinned host on torch's current stream, MPI on the host,
-host -> device; large messages pipelined in chunks). The Open MPI wheel is not CUDA-aware,
-so nothing here hands a device pointer to MPI. Sections:
+Needs torch with CUDA and a GPU; skipped otherwise. Run only these with
+`mpiexec -n 2 python -m pytest tests/mpi -m gpu` (and -n 4).
+
+Every rank selects cuda:(local_rank % device_count). A case parametrized "staged" forces
+the staged path (set_cuda_aware(False): device -> pinned host on torch's current stream, MPI
+on the host, host -> device; large messages pipelined in chunks): the MPI need not be
+CUDA-aware, nothing hands it a device pointer. A case parametrized "as-detected" takes the
+path fastreduce chooses for the MPI in use: with a CUDA-aware MPI, direct calls (no copies)
+where it promises them and the size table says so, never a non-blocking one it does not
+promise; with any other MPI, the staged path again.
 
   matrix      every dtype x op x shape x form: bit for bit what fastreduce's CPU path
               gives for the same input, and equal to an independent torch reference where
@@ -19,26 +25,20 @@ so nothing here hands a device pointer to MPI. Sections:
   bad_input   out= on the other device, another device's tensor, non-contiguous tensors
   layers      all_sum_reduce, nn.AllSumReduce, all_reduce: forward + backward vs CPU
   gradsync    GradientSync on a CUDA MLP against a CPU reference run
-  gradsync_broadcast  (only when named) GradientSync's broadcast of rank 0's CUDA parameters
+  gradsync_broadcast  GradientSync's broadcast of rank 0's CUDA parameters (2 ranks, staged)
 
-With --as-detected the worker does not force the staged path: each call takes the path
-fastreduce chooses for this MPI (direct where a CUDA-aware MPI promises to take device
-pointers and the size table says so); a direct call must make no copy, and no non-blocking
-call may go direct unless the MPI promises it.
-
-Usage: gpu_torch.py [--sections matrix,counts,...] [--as-detected]
+Both paths run matrix, ordering, visible, layers and gradsync; the others run staged.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import math
-import time
 import zlib
 
 import numpy as np
+import pytest
 import torch
-from common import WORLD, Failures
 from models import MLP
 from mpi4py import MPI
 
@@ -46,11 +46,11 @@ import fastreduce
 import fastreduce.backend.cudart as frcuda
 from fastreduce.nn import AllSumReduce
 
-fails = Failures()
-expect = fails.expect
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi(ranks=(2, 4))]
+
+WORLD = MPI.COMM_WORLD
 p, rank = WORLD.size, WORLD.rank
-DEV = torch.device("cpu")  # this rank's CUDA device, set by main()
-SUPPORT = None  # fastreduce.gpupath.device_pointer_support() in force, set by main()
+DEV = torch.device("cpu")  # this rank's CUDA device, set by the cuda_device fixture
 
 DTYPES = (torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
           torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
@@ -61,6 +61,61 @@ FORMS = ("in_place", "new", "out", "iallreduce_", "iallreduce")
 BLOCKING_FORMS = ("in_place", "new", "out")  # pipelined in chunks; the others copy whole
 SMALL_SHAPES = ((0,), (), (1,), (1001,), (3, 5, 7))
 STAGING_SLOTS = 4  # the staged pipeline's ring (src/fastreduce/_cuda.pxd)
+
+
+@functools.cache
+def _no_cuda_reason() -> str | None:
+    """Why the GPU cases cannot run here, or None when they can (the same on every rank)."""
+    if not torch.cuda.is_available():
+        return (f"no usable CUDA device: torch {torch.__version__} (CUDA "
+                f"{torch.version.cuda or 'none: a CPU build'}) says "
+                f"torch.cuda.is_available() is False")
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_device() -> torch.device:
+    """This rank's GPU, cuda:(local_rank % device_count), current for the module's cases;
+    every case is skipped without one."""
+    global DEV
+    reason = _no_cuda_reason()
+    if reason:
+        pytest.skip(reason)
+    torch.cuda.set_device(fastreduce.local_rank() % torch.cuda.device_count())
+    DEV = torch.device("cuda", torch.cuda.current_device())
+    return DEV
+
+
+@pytest.fixture
+def gpu_path(request):
+    """"staged": set_cuda_aware(False), the staged path forced; "as-detected": the paths
+    fastreduce chooses for this MPI. Gives the device-pointer support in force."""
+    fastreduce.set_cuda_aware(False if request.param == "staged" else None)
+    yield fastreduce.gpupath.device_pointer_support()
+    fastreduce.set_cuda_aware(None)
+
+
+BOTH_PATHS = pytest.mark.parametrize("gpu_path", ["staged", "as-detected"], indirect=True)
+STAGED = pytest.mark.parametrize("gpu_path", ["staged"], indirect=True)
+
+
+@BOTH_PATHS
+def test_cuda_runtime(checks, gpu_path, request):
+    """set_cuda_aware(False) is in force when staged; the CUDA runtime loads at the first
+    GPU call (rank 0 prints the GPU path settings and the devices)."""
+    staged = request.node.callspec.params["gpu_path"] == "staged"
+    if staged:
+        checks.check(fastreduce.cuda_aware() == (False, "fastreduce.set_cuda_aware()"),
+                     f"cuda_aware() is {fastreduce.cuda_aware()} after set_cuda_aware(False)")
+    if rank == 0:
+        print(f"GPU paths: {fastreduce.gpupath.gpu_path_settings()}", flush=True)
+    fastreduce.allreduce_(torch.ones(1, device=DEV))  # loads the CUDA runtime
+    info = frcuda.runtime_info()
+    checks.check(info["path"] is not None, f"runtime_info() after a GPU call: {info}")
+    if rank == 0:
+        print(f"{p} ranks on {fastreduce.local_size()} per node, {torch.cuda.device_count()} "
+              f"GPU(s) ({torch.cuda.get_device_name(DEV)}); torch {torch.__version__} CUDA "
+              f"{torch.version.cuda}; fastreduce loaded {info}", flush=True)
 
 
 # --- inputs and references ----------------------------------------------------------------
@@ -187,9 +242,9 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
             and torch.equal(bits(a), bits(b.to(a.device))))
 
 
-def check_same(ok: bool, what, got: torch.Tensor, want: torch.Tensor) -> None:
-    """fails.check(ok, ...), describing the difference only when there is one."""
-    fails.check(ok, "" if ok else f"{what}: {describe(got, want)}")
+def check_same(checks, ok: bool, what, got: torch.Tensor, want: torch.Tensor) -> None:
+    """checks.check(ok, ...), describing the difference only when there is one."""
+    checks.check(ok, "" if ok else f"{what}: {describe(got, want)}")
 
 
 def describe(got: torch.Tensor, want: torch.Tensor) -> str:
@@ -210,7 +265,7 @@ def same_kind(a, b) -> bool:
 
 
 class Host:
-    """A CUDA tensor for Failures.expect, which snapshots `.array` to see it unchanged."""
+    """A CUDA tensor for Checks.expect, which snapshots `.array` to see it unchanged."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
@@ -220,29 +275,29 @@ class Host:
         return self.tensor.detach().cpu().numpy()
 
 
-def call(form: str, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+def call(checks, form: str, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Reduce x with fastreduce in one of FORMS; returns the tensor that holds the result."""
     if form == "in_place":
         result = fastreduce.allreduce_(x, op)
-        fails.check(result is x, f"allreduce_ returned {type(result)}, not x")
+        checks.check(result is x, f"allreduce_ returned {type(result)}, not x")
     elif form == "new":
         result = fastreduce.allreduce(x, op)
-        fails.check(result is not x and same_kind(result, x),
-                    f"allreduce: result is not a new tensor of x's type, dtype, shape, device "
-                    f"({result.dtype} {list(result.shape)} on {result.device})")
+        checks.check(result is not x and same_kind(result, x),
+                     f"allreduce: result is not a new tensor of x's type, dtype, shape, device "
+                     f"({result.dtype} {list(result.shape)} on {result.device})")
     elif form == "out":
         out = torch.empty_like(x)
         result = fastreduce.allreduce(x, op, out=out)
-        fails.check(result is out, "allreduce(out=) did not return out")
+        checks.check(result is out, "allreduce(out=) did not return out")
     elif form == "iallreduce_":
         req = fastreduce.iallreduce_(x, op)
         result = req.wait()
-        fails.check(result is x and req.done, "iallreduce_(x).wait() did not return x")
+        checks.check(result is x and req.done, "iallreduce_(x).wait() did not return x")
     else:
         req = fastreduce.iallreduce(x, op)
         (result,) = fastreduce.wait_all([req])
-        fails.check(result is not x and same_kind(result, x) and req.wait() is result,
-                    "iallreduce: wait_all did not give a new tensor like x")
+        checks.check(result is not x and same_kind(result, x) and req.wait() is result,
+                     "iallreduce: wait_all did not give a new tensor like x")
     return result
 
 
@@ -260,7 +315,8 @@ def host_waits(counts: dict) -> int:
     return counts["event_syncs"] + counts["stream_syncs"]
 
 
-def check_counts(counts: dict, nbytes: int, copies: int, what, waits: int | None) -> None:
+def check_counts(checks, counts: dict, nbytes: int, copies: int, what,
+                 waits: int | None) -> None:
     """A staged call moved nbytes each way in `copies` copies, waiting on the host `waits`
     times (one per chunk copied in: the copy in must be done before MPI reads it)."""
     ok = (counts["d2h_copies"], counts["d2h_bytes"], counts["h2d_bytes"]) == (copies, nbytes,
@@ -268,13 +324,14 @@ def check_counts(counts: dict, nbytes: int, copies: int, what, waits: int | None
     if nbytes:  # an empty request may queue a 0-byte copy out and wait once; not asserted
         ok = ok and counts["h2d_copies"] == copies
         ok = ok and (waits is None or host_waits(counts) == waits)
-    fails.check(ok, f"{what}: copy counts {counts}, expected {copies} copies each way of "
-                    f"{nbytes} bytes in all and {waits} host waits")
+    checks.check(ok, f"{what}: copy counts {counts}, expected {copies} copies each way of "
+                     f"{nbytes} bytes in all and {waits} host waits")
 
 
 # --- a. every dtype x op x shape x form -------------------------------------------------
 
-def staged_case(dtype: torch.dtype, op: str, shape: tuple, form: str, integral: bool) -> None:
+def staged_case(checks, support, dtype: torch.dtype, op: str, shape: tuple, form: str,
+                integral: bool) -> None:
     case = (dtype_name(dtype), op, shape, form, integral)
     x = make_input(dtype, op, shape, rank, case, integral)
     nbytes = x.numel() * x.element_size()
@@ -282,41 +339,42 @@ def staged_case(dtype: torch.dtype, op: str, shape: tuple, form: str, integral: 
     want = cpu_path(x.cpu(), op, blocking)
     before = x.clone()
     frcuda.reset_copy_counts()
-    result = call(form, x, op)
+    result = call(checks, form, x, op)
     counts = frcuda.copy_counts()
-    if counts["direct_calls"]:  # --as-detected: the device pointer went to MPI
-        fails.check(blocking or SUPPORT.nonblocking,
-                    f"{case}: a non-blocking call went direct; the MPI does not promise it "
-                    f"({SUPPORT.why})")
-        fails.check(counts["d2h_copies"] == counts["h2d_copies"] == 0,
-                    f"{case}: a direct call made copies: {counts}")
+    if counts["direct_calls"]:  # as-detected: the device pointer went to MPI
+        checks.check(blocking or support.nonblocking,
+                     f"{case}: a non-blocking call went direct; the MPI does not promise it "
+                     f"({support.why})")
+        checks.check(counts["d2h_copies"] == counts["h2d_copies"] == 0,
+                     f"{case}: a direct call made copies: {counts}")
         want = fastreduce.allreduce_(before.cpu(), op) if blocking else want
     else:
         chunks = expected_chunks(nbytes, blocking)
-        check_counts(counts, nbytes, chunks, case, chunks)
-    fails.check(result.device == DEV, f"{case}: result on {result.device}")
+        check_counts(checks, counts, nbytes, chunks, case, chunks)
+    checks.check(result.device == DEV, f"{case}: result on {result.device}")
     if form not in ("in_place", "iallreduce_"):
-        fails.check(same_bits(x, before), f"{case}: x was modified by an out-of-place call")
-    check_same(same_bits(result, want), f"{case}: differs from the CPU path", result, want)
+        checks.check(same_bits(x, before), f"{case}: x was modified by an out-of-place call")
+    check_same(checks, same_bits(result, want), f"{case}: differs from the CPU path", result,
+               want)
     if exact(dtype, op, integral):
         ref = reference([make_input(dtype, op, shape, r, case, integral) for r in range(p)], op)
-        check_same(torch.equal(result, ref), f"{case}: differs from the reference", result, ref)
+        check_same(checks, torch.equal(result, ref), f"{case}: differs from the reference",
+                   result, ref)
 
 
-def run_matrix(label: str, shapes_of) -> None:
-    """staged_case for every dtype, op and form; shapes_of(dtype) -> [(shape, small)]."""
-    for dtype in DTYPES:
-        for op in ops_for(dtype):
-            for shape, small in shapes_of(dtype):
-                if dtype not in FLOATING:
-                    kinds = (True,)
-                else:  # large ones: only the inexact inputs, where the CPU path matters most
-                    kinds = (True, False) if small else (False,)
-                for form in FORMS:
-                    for integral in kinds:
-                        fails.run(f"{label} {dtype_name(dtype)} {op} {shape} {form} "
-                                  f"integral={integral}",
-                                  staged_case, dtype, op, shape, form, integral)
+def run_matrix(checks, support, label: str, dtype: torch.dtype, shapes) -> None:
+    """staged_case for every op and form of dtype; shapes: [(shape, small)]."""
+    for op in ops_for(dtype):
+        for shape, small in shapes:
+            if dtype not in FLOATING:
+                kinds = (True,)
+            else:  # large ones: only the inexact inputs, where the CPU path matters most
+                kinds = (True, False) if small else (False,)
+            for form in FORMS:
+                for integral in kinds:
+                    checks.run(f"{label} {dtype_name(dtype)} {op} {shape} {form} "
+                               f"integral={integral}",
+                               staged_case, checks, support, dtype, op, shape, form, integral)
 
 
 def big_shape(dtype: torch.dtype) -> tuple:
@@ -324,25 +382,31 @@ def big_shape(dtype: torch.dtype) -> tuple:
     return (3, (4 << 20) // dtype.itemsize // 3 + 7)
 
 
-def section_matrix() -> None:
-    for dtype in DTYPES:
-        nbytes = math.prod(big_shape(dtype)) * dtype.itemsize
-        chunk, nchunks = frcuda.plan_staging(nbytes)
-        fails.check(nchunks > STAGING_SLOTS and nbytes % chunk != 0,
-                    f"{dtype}: {nbytes} bytes are planned as {nchunks} chunks of {chunk}: "
-                    f"the big case no longer exercises the pipeline's ring")
-    run_matrix("matrix", lambda dtype: [(s, True) for s in SMALL_SHAPES]
-               + [(big_shape(dtype), False)])
+@BOTH_PATHS
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_matrix(checks, gpu_path, dtype):
+    """Every op x shape x form of dtype: bit for bit what fastreduce's CPU path gives for the
+    same input, and equal to an independent torch reference where that is exact; copies per
+    call; out-of-place calls leave x alone (a direct call: no copy)."""
+    nbytes = math.prod(big_shape(dtype)) * dtype.itemsize
+    chunk, nchunks = frcuda.plan_staging(nbytes)
+    checks.check(nchunks > STAGING_SLOTS and nbytes % chunk != 0,
+                 f"{dtype}: {nbytes} bytes are planned as {nchunks} chunks of {chunk}: "
+                 f"the big case no longer exercises the pipeline's ring")
+    run_matrix(checks, gpu_path, "matrix", dtype,
+               [(s, True) for s in SMALL_SHAPES] + [(big_shape(dtype), False)])
 
 
-def section_chunked() -> None:
+@STAGED
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_chunked(checks, gpu_path, dtype):
+    """The same for a 1 MiB tensor cut into 64 KiB chunks (set_staging_chunk)."""
     old = frcuda.set_staging_chunk(64 << 10)
     try:
-        shape_of = {d: ((1 << 20) // d.itemsize + 5,) for d in DTYPES}
-        for dtype, shape in shape_of.items():
-            plan = frcuda.plan_staging(shape[0] * dtype.itemsize)
-            fails.check(plan == (64 << 10, 17), f"{dtype}: 64 KiB chunks planned as {plan}")
-        run_matrix("chunked", lambda dtype: [(shape_of[dtype], False)])
+        shape = ((1 << 20) // dtype.itemsize + 5,)
+        plan = frcuda.plan_staging(shape[0] * dtype.itemsize)
+        checks.check(plan == (64 << 10, 17), f"{dtype}: 64 KiB chunks planned as {plan}")
+        run_matrix(checks, gpu_path, "chunked", dtype, [(shape, False)])
     finally:
         frcuda.set_staging_chunk(old)
 
@@ -369,7 +433,7 @@ def sleep_cycles(ms: float = 100.0) -> int:
     return int(min(max(cycles, 20_000_000), 4_000_000_000))
 
 
-def reduced_behind_sleep(form: str, count: int, cycles: int, skip_waits: bool) -> bool:
+def reduced_behind_sleep(checks, form: str, count: int, cycles: int, skip_waits: bool) -> bool:
     """Write x on a side stream behind a long kernel, reduce at once; is the sum right?"""
     case = ("ordering", form, count)
     src = positive_input(count, rank, case)
@@ -383,7 +447,7 @@ def reduced_behind_sleep(form: str, count: int, cycles: int, skip_waits: bool) -
         with torch.cuda.stream(s):
             torch.cuda._sleep(cycles)
             x.copy_(src)
-            result = call(form, x)
+            result = call(checks, form, x)
     finally:
         frcuda._set_skip_waits(False)
     s.synchronize()
@@ -391,22 +455,27 @@ def reduced_behind_sleep(form: str, count: int, cycles: int, skip_waits: bool) -
     return torch.equal(result, want)
 
 
-def section_ordering() -> None:
+@BOTH_PATHS
+def test_ordering(checks, gpu_path):
+    """Input written on a side stream behind a ~100 ms kernel is what gets reduced, and with
+    fastreduce's host waits skipped (_set_skip_waits) it is not."""
     cycles = sleep_cycles()
     pipelined = (8 << 20) // 4
-    fails.check(frcuda.plan_staging(4 * pipelined)[1] > 1, "8 MiB is not pipelined")
+    checks.check(frcuda.plan_staging(4 * pipelined)[1] > 1, "8 MiB is not pipelined")
     cases = [(form, 1001) for form in FORMS] + [("in_place", pipelined), ("new", pipelined)]
     for form, count in cases:
-        fails.check(reduced_behind_sleep(form, count, cycles, False),
-                    f"ordering: {form} of {count} float32 written behind a sleeping kernel on "
-                    f"the current stream reduced stale data")
+        checks.check(reduced_behind_sleep(checks, form, count, cycles, False),
+                     f"ordering: {form} of {count} float32 written behind a sleeping kernel on "
+                     f"the current stream reduced stale data")
         if p > 1:  # with one rank a stale copy is as good as the sum
-            fails.check(not reduced_behind_sleep(form, count, cycles, True),
-                        f"ordering: {form} of {count} float32 was right even with "
-                        f"fastreduce's host waits skipped: this check cannot fail")
+            checks.check(not reduced_behind_sleep(checks, form, count, cycles, True),
+                         f"ordering: {form} of {count} float32 was right even with "
+                         f"fastreduce's host waits skipped: this check cannot fail")
 
 
-def section_visible() -> None:
+@BOTH_PATHS
+def test_visible(checks, gpu_path):
+    """A kernel queued on that stream right after the call sees the result."""
     pipelined = (32 << 20) // 4
     cases = [("in_place", 1001), ("new", 1001), ("iallreduce_", 1001), ("test", 1001),
              ("in_place", pipelined), ("new", pipelined), ("out", pipelined),
@@ -425,16 +494,19 @@ def section_visible() -> None:
                     pass
                 result = x
             else:
-                result = call(form, x)
+                result = call(checks, form, x)
             y = result * 1  # queued on s the moment fastreduce returned
         s.synchronize()
-        check_same(torch.equal(y, want), f"visible: a kernel on the stream right after {form} "
-                                         f"of {count} float32 saw another result", y, want)
+        check_same(checks, torch.equal(y, want), f"visible: a kernel on the stream right after "
+                   f"{form} of {count} float32 saw another result", y, want)
 
 
 # --- d. copy counts ----------------------------------------------------------------------
 
-def section_counts() -> None:
+@STAGED
+def test_counts(checks, gpu_path):
+    """1 copy each way per call (nchunks pipelined), one host wait per chunk, no pinned
+    allocation in steady state."""
     forms = [("allreduce_", lambda t: fastreduce.allreduce_(t, "max"), True),
              ("allreduce", lambda t: fastreduce.allreduce(t, "max"), True),
              ("iallreduce_", lambda t: fastreduce.iallreduce_(t, "max").wait(), False)]
@@ -445,28 +517,28 @@ def section_counts() -> None:
             what = f"counts: {label} of {nbytes} bytes"
             chunks = expected_chunks(nbytes, blocking)
             if count == 1001:
-                fails.check(chunks == 1, f"{what} is planned as {chunks} chunks")
+                checks.check(chunks == 1, f"{what} is planned as {chunks} chunks")
             elif blocking:
-                fails.check(chunks > 1, f"{what} is not pipelined")
+                checks.check(chunks > 1, f"{what} is not pipelined")
             for _ in range(3):  # warm-up: the staging memory for this size
                 fn(x)
             torch.cuda.synchronize()
             frcuda.reset_copy_counts()
             fn(x)
             counts = frcuda.copy_counts()
-            check_counts(counts, nbytes, chunks, what, chunks)
+            check_counts(checks, counts, nbytes, chunks, what, chunks)
             pinned = counts["pinned_bytes"]
             frcuda.reset_copy_counts()
             for _ in range(50):
                 fn(x)
             torch.cuda.synchronize()
             counts = frcuda.copy_counts()
-            fails.check(counts["pinned_allocs"] == 0 and counts["pinned_bytes"] == pinned,
-                        f"{what}: 50 calls after warm-up allocated pinned memory: {counts}")
-            fails.check(counts["d2h_copies"] == counts["h2d_copies"] == 50 * chunks
-                        and counts["d2h_bytes"] == counts["h2d_bytes"] == 50 * nbytes
-                        and host_waits(counts) == 50 * chunks,
-                        f"{what}: 50 calls made {counts}")
+            checks.check(counts["pinned_allocs"] == 0 and counts["pinned_bytes"] == pinned,
+                         f"{what}: 50 calls after warm-up allocated pinned memory: {counts}")
+            checks.check(counts["d2h_copies"] == counts["h2d_copies"] == 50 * chunks
+                         and counts["d2h_bytes"] == counts["h2d_bytes"] == 50 * nbytes
+                         and host_waits(counts) == 50 * chunks,
+                         f"{what}: 50 calls made {counts}")
 
 
 # --- e. coalesced --------------------------------------------------------------------------
@@ -477,7 +549,7 @@ COALESCED = ((torch.float32, (7,)), (torch.int32, (3, 4)), (torch.float32, (0,))
              (torch.float32, (4, 5)), (torch.int32, ()))
 
 
-def coalesced_case(op: str, integral: bool) -> None:
+def coalesced_case(checks, op: str, integral: bool) -> None:
     case = ("coalesced", op, integral)
     specs = [(d, s) for d, s in COALESCED if fastreduce.supports(dtype_name(d), op)]
     tensors = [make_input(d, op, s, rank, (case, i), integral) for i, (d, s) in enumerate(specs)]
@@ -485,59 +557,66 @@ def coalesced_case(op: str, integral: bool) -> None:
     frcuda.reset_copy_counts()
     result = fastreduce.allreduce_coalesced_(tensors, op)
     counts = frcuda.copy_counts()
-    fails.check(len(result) == len(tensors) and all(a is b for a, b in zip(result, tensors,
+    checks.check(len(result) == len(tensors) and all(a is b for a, b in zip(result, tensors,
                                                                            strict=True)),
-                f"{case}: did not return the tensors")
+                 f"{case}: did not return the tensors")
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     # a copy each way per tensor; one host wait per dtype (one MPI call per dtype)
-    check_counts(counts, nbytes, sum(t.numel() > 0 for t in tensors), case,
+    check_counts(checks, counts, nbytes, sum(t.numel() > 0 for t in tensors), case,
                  len({d for d, _ in specs}))
     for i, ((dtype, shape), t, c) in enumerate(zip(specs, tensors, on_cpu, strict=True)):
         what = f"{case} tensors[{i}] {dtype} {shape}"
-        fails.check(t.device == DEV, f"{what}: moved to {t.device}")
-        check_same(same_bits(t, c), f"{what}: differs from the CPU path", t, c)
+        checks.check(t.device == DEV, f"{what}: moved to {t.device}")
+        check_same(checks, same_bits(t, c), f"{what}: differs from the CPU path", t, c)
         if exact(dtype, op, integral):
             ref = reference([make_input(dtype, op, shape, r, (case, i), integral)
                              for r in range(p)], op)
-            check_same(torch.equal(t, ref), f"{what}: differs from the reference", t, ref)
+            check_same(checks, torch.equal(t, ref), f"{what}: differs from the reference", t, ref)
 
 
-def section_coalesced() -> None:
+@STAGED
+def test_coalesced(checks, gpu_path):
+    """allreduce_coalesced_ over mixed dtypes and shapes against the CPU path; a list mixing
+    CPU and CUDA tensors is refused untouched."""
     for op in ("sum", "max", "avg", "prod"):
         for integral in (True, False):
-            fails.run(f"coalesced {op} integral={integral}", coalesced_case, op, integral)
+            checks.run(f"coalesced {op} integral={integral}", coalesced_case, checks, op,
+                       integral)
     device = f"cuda:{DEV.index}"
     g = torch.arange(4.0, device=DEV) + rank
     c = torch.arange(4.0) + rank
-    expect(ValueError, ["cpu", device], lambda: fastreduce.allreduce_coalesced_([g, c]),
-           Host(g), c)
-    expect(ValueError, ["cpu", device], lambda: fastreduce.allreduce_coalesced_([c, g], "max"),
-           c, Host(g))
-    fails.check(torch.equal(g.cpu(), torch.arange(4.0) + rank), "refused coalesced call")
+    checks.expect(ValueError, ["cpu", device],
+                  lambda: fastreduce.allreduce_coalesced_([g, c]), Host(g), c)
+    checks.expect(ValueError, ["cpu", device],
+                  lambda: fastreduce.allreduce_coalesced_([c, g], "max"), c, Host(g))
+    checks.check(torch.equal(g.cpu(), torch.arange(4.0) + rank), "refused coalesced call")
 
 
 # --- f. bad input ------------------------------------------------------------------------
 
-def section_bad_input() -> None:
+@STAGED
+def test_bad_input(checks, gpu_path):
+    """out= on the other device, another device's tensor, non-contiguous tensors."""
     device = f"cuda:{DEV.index}"
     x = torch.arange(6.0, device=DEV) + rank
     host_out = torch.zeros(6)
-    expect(ValueError, ["out", "cpu", device], lambda: fastreduce.allreduce(x, out=host_out),
-           Host(x), host_out)
-    expect(ValueError, ["out", "cpu", device], lambda: fastreduce.iallreduce(x, out=host_out),
-           Host(x), host_out)
+    checks.expect(ValueError, ["out", "cpu", device],
+                  lambda: fastreduce.allreduce(x, out=host_out), Host(x), host_out)
+    checks.expect(ValueError, ["out", "cpu", device],
+                  lambda: fastreduce.iallreduce(x, out=host_out), Host(x), host_out)
     xc = torch.arange(6.0) + rank
     dev_out = torch.zeros(6, device=DEV)
-    expect(ValueError, ["out", "cpu", device], lambda: fastreduce.allreduce(xc, out=dev_out),
-           xc, Host(dev_out))
-    expect(ValueError, ["out", "cpu", device], lambda: fastreduce.iallreduce(xc, out=dev_out),
-           xc, Host(dev_out))
+    checks.expect(ValueError, ["out", "cpu", device],
+                  lambda: fastreduce.allreduce(xc, out=dev_out), xc, Host(dev_out))
+    checks.expect(ValueError, ["out", "cpu", device],
+                  lambda: fastreduce.iallreduce(xc, out=dev_out), xc, Host(dev_out))
     strided = torch.zeros(4, 6, device=DEV).T
-    expect(BufferError, [".contiguous()"], lambda: fastreduce.allreduce_(strided), Host(strided))
-    expect(BufferError, [".contiguous()"], lambda: fastreduce.iallreduce(strided),
-           Host(strided))
-    fails.check(torch.equal(fastreduce.allreduce(x, "max"), torch.arange(6.0, device=DEV)
-                            + (p - 1)), "a good call after the refused ones")
+    checks.expect(BufferError, [".contiguous()"], lambda: fastreduce.allreduce_(strided),
+                  Host(strided))
+    checks.expect(BufferError, [".contiguous()"], lambda: fastreduce.iallreduce(strided),
+                  Host(strided))
+    checks.check(torch.equal(fastreduce.allreduce(x, "max"), torch.arange(6.0, device=DEV)
+                             + (p - 1)), "a good call after the refused ones")
     ndev = torch.cuda.device_count()
     if ndev < 2:
         if rank == 0:
@@ -547,12 +626,14 @@ def section_bad_input() -> None:
     other = (DEV.index + 1) % ndev
     y = torch.arange(3.0, device=f"cuda:{other}")
     for fn in (fastreduce.allreduce_, fastreduce.allreduce, fastreduce.iallreduce_):
-        expect(ValueError, ["current CUDA device", f"cuda:{other}"], lambda fn=fn: fn(y),
-               Host(y))
-    expect(ValueError, ["current CUDA device"],
-           lambda: fastreduce.allreduce(x, out=torch.empty(6, device=f"cuda:{other}")), Host(x))
-    expect(ValueError, ["current CUDA device"],
-           lambda: fastreduce.allreduce_coalesced_([torch.zeros(2, device=DEV), y]), Host(y))
+        checks.expect(ValueError, ["current CUDA device", f"cuda:{other}"],
+                      lambda fn=fn: fn(y), Host(y))
+    checks.expect(ValueError, ["current CUDA device"],
+                  lambda: fastreduce.allreduce(x, out=torch.empty(6, device=f"cuda:{other}")),
+                  Host(x))
+    checks.expect(ValueError, ["current CUDA device"],
+                  lambda: fastreduce.allreduce_coalesced_([torch.zeros(2, device=DEV), y]),
+                  Host(y))
 
 
 # --- g. layers -----------------------------------------------------------------------------
@@ -568,7 +649,7 @@ def same_values(a: torch.Tensor, b: torch.Tensor, integral: bool) -> bool:
     return torch.allclose(a, b, rtol=rtol, atol=rtol)
 
 
-def layer_case(label: str, fn, dtype: torch.dtype, integral: bool) -> None:
+def layer_case(checks, label: str, fn, dtype: torch.dtype, integral: bool) -> None:
     """fn forward + backward on CUDA equals fn on the same values on the CPU."""
     case = ("layer", label, dtype_name(dtype), integral)
     x = make_input(dtype, "sum", (4, 33), rank, case, integral).requires_grad_()
@@ -579,21 +660,23 @@ def layer_case(label: str, fn, dtype: torch.dtype, integral: bool) -> None:
     yc = fn(xc)
     yc.backward(grad.cpu())
     what = f"{label} {dtype_name(dtype)} integral={integral}"
-    fails.check(y.device == DEV and x.grad is not None and x.grad.device == DEV,
-                f"{what}: result on {y.device}, gradient {x.grad}")
-    check_same(same_values(y, yc, integral), f"{what}: forward differs from the CPU",
+    checks.check(y.device == DEV and x.grad is not None and x.grad.device == DEV,
+                 f"{what}: result on {y.device}, gradient {x.grad}")
+    check_same(checks, same_values(y, yc, integral), f"{what}: forward differs from the CPU",
                y.detach().cpu(), yc.detach())
     if x.grad is not None:
-        check_same(same_values(x.grad, xc.grad, integral),
+        check_same(checks, same_values(x.grad, xc.grad, integral),
                    f"{what}: backward differs from the CPU", x.grad.cpu(), xc.grad)
     with torch.no_grad():  # the steady state without autograd
         z, zc = fn(x), fn(xc)
-    fails.check(p == 1 or not z.requires_grad, f"{what}: no-grad forward recorded a graph")
-    check_same(same_values(z, zc, integral), f"{what}: no-grad forward differs from the CPU",
-               z.detach().cpu(), zc.detach())
+    checks.check(p == 1 or not z.requires_grad, f"{what}: no-grad forward recorded a graph")
+    check_same(checks, same_values(z, zc, integral),
+               f"{what}: no-grad forward differs from the CPU", z.detach().cpu(), zc.detach())
 
 
-def section_layers() -> None:
+@BOTH_PATHS
+def test_layers(checks, gpu_path):
+    """all_sum_reduce, nn.AllSumReduce, all_reduce: forward + backward vs CPU."""
     shape = [2, p // 2] if p % 2 == 0 else [p, 1]
     P = fastreduce.Partition().create_cartesian_topology_partition(shape)
     layers = {f"all_sum_reduce{axes} on {shape}":
@@ -607,11 +690,11 @@ def section_layers() -> None:
     for label, fn in layers.items():
         for dtype in (torch.float32, torch.float64):
             for integral in (True, False):
-                fails.run(f"{label} {dtype} integral={integral}", layer_case, label, fn, dtype,
-                          integral)
+                checks.run(f"{label} {dtype} integral={integral}", layer_case, checks, label,
+                           fn, dtype, integral)
 
 
-def gradsync_case(dtype: torch.dtype, bucket_mb: float, steps: int = 4) -> None:
+def gradsync_case(checks, dtype: torch.dtype, bucket_mb: float, steps: int = 4) -> None:
     """A CUDA model under GradientSync and its CPU twin reduced tensor by tensor agree."""
     torch.manual_seed(1234)  # the same weights on every rank (the broadcast is tested alone)
     model = MLP(dtype).to(DEV)
@@ -622,7 +705,7 @@ def gradsync_case(dtype: torch.dtype, bucket_mb: float, steps: int = 4) -> None:
     ref_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1, momentum=0.9)
     sync.attach(opt)
     if bucket_mb < 1:
-        fails.check(len(sync.bucket_sizes) > 3, f"buckets {sync.bucket_sizes}")
+        checks.check(len(sync.bucket_sizes) > 3, f"buckets {sync.bucket_sizes}")
     g = torch.Generator().manual_seed(99 + rank)
     # GPU and CPU kernels round differently (and the step feeds that back), so the
     # comparison is to float tolerance; TF32 matmuls, if enabled, stay within it too
@@ -643,91 +726,39 @@ def gradsync_case(dtype: torch.dtype, bucket_mb: float, steps: int = 4) -> None:
                                 strict=True):
             ok = (a.grad is not None and a.grad.device == DEV
                   and torch.allclose(a.grad.cpu(), b.grad, rtol=rtol, atol=atol))
-            fails.check(ok, f"gradsync {dtype} bucket {bucket_mb} step {step}: grad of {name} "
-                            f"differs by {(a.grad.cpu() - b.grad).abs().max().item():.3g}"
-                        if a.grad is not None else f"gradsync: {name} has no grad")
+            checks.check(ok, f"gradsync {dtype} bucket {bucket_mb} step {step}: grad of {name} "
+                             f"differs by {(a.grad.cpu() - b.grad).abs().max().item():.3g}"
+                         if a.grad is not None else f"gradsync: {name} has no grad")
         opt.step()
         ref_opt.step()
     flat = torch.cat([q.detach().reshape(-1).double().cpu() for q in model.parameters()])
     everyone = WORLD.allgather(flat.numpy())
-    fails.check(all(np.array_equal(e, everyone[0]) for e in everyone),
-                f"gradsync {dtype} bucket {bucket_mb}: parameters differ across ranks")
+    checks.check(all(np.array_equal(e, everyone[0]) for e in everyone),
+                 f"gradsync {dtype} bucket {bucket_mb}: parameters differ across ranks")
 
 
-def section_gradsync() -> None:
-    for dtype in (torch.float64, torch.float32):
-        for bucket_mb in (25, 0.002):  # one bucket, and many tiny ones in flight together
-            fails.run(f"gradsync {dtype} {bucket_mb}", gradsync_case, dtype, bucket_mb)
+@BOTH_PATHS
+@pytest.mark.parametrize("bucket_mb", [25, 0.002], ids=["one-bucket", "tiny-buckets"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=dtype_name)
+def test_gradient_sync(checks, gpu_path, dtype, bucket_mb):
+    """GradientSync on a CUDA MLP against a CPU reference run: one bucket, and many tiny
+    ones in flight together."""
+    gradsync_case(checks, dtype, bucket_mb)
 
 
-def section_gradsync_broadcast() -> None:
-    """GradientSync(model) (broadcast_parameters=True) copies rank 0's CUDA parameters."""
+@pytest.mark.mpi(ranks=2)
+@STAGED
+def test_gradient_sync_broadcasts_cuda_parameters(checks, gpu_path):
+    """GradientSync(model) on a CUDA model (broadcast_parameters=True, the default) copies
+    rank 0's parameters to every rank with an MPI that cannot read GPU memory. Last in this
+    file: handing a device pointer to such an MPI crashes the process (the old test ran it
+    in a job of its own)."""
     torch.manual_seed(4321 + rank)  # different weights on every rank
     model = MLP(torch.float32).to(DEV)
     root = WORLD.bcast([q.detach().cpu() for q in model.parameters()], root=0)
     fastreduce.GradientSync(model)
     for (name, q), want in zip(model.named_parameters(), root, strict=True):
-        fails.check(q.device == DEV and torch.equal(q.detach().cpu(), want),
-                    f"gradsync broadcast: {name} is not rank 0's")
+        checks.check(q.device == DEV and torch.equal(q.detach().cpu(), want),
+                     f"gradsync broadcast: {name} is not rank 0's")
 
 
-SECTIONS = {
-    "matrix": section_matrix,
-    "chunked": section_chunked,
-    "ordering": section_ordering,
-    "visible": section_visible,
-    "counts": section_counts,
-    "coalesced": section_coalesced,
-    "bad_input": section_bad_input,
-    "layers": section_layers,
-    "gradsync": section_gradsync,
-    "gradsync_broadcast": section_gradsync_broadcast,
-}
-DEFAULT_SECTIONS = [name for name in SECTIONS if name != "gradsync_broadcast"]
-
-
-def main() -> None:
-    global DEV
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
-                        help=f"comma-separated, from {', '.join(SECTIONS)}")
-    parser.add_argument("--as-detected", action="store_true",
-                        help="take the paths fastreduce chooses for this MPI (default: staged)")
-    args = parser.parse_args()
-    names = args.sections.split(",")
-    unknown = [name for name in names if name not in SECTIONS]
-    if unknown:
-        raise SystemExit(f"gpu_torch.py: unknown sections {unknown}; choose from "
-                         f"{list(SECTIONS)}")
-    if not torch.cuda.is_available():
-        raise SystemExit(f"gpu_torch.py needs torch with CUDA and a GPU (torch "
-                         f"{torch.__version__}: torch.cuda.is_available() is False)")
-    torch.cuda.set_device(fastreduce.local_rank() % torch.cuda.device_count())
-    DEV = torch.device("cuda", torch.cuda.current_device())
-    global SUPPORT
-    if not args.as_detected:
-        fastreduce.set_cuda_aware(False)  # the Open MPI wheel cannot read GPU memory
-        fails.check(fastreduce.cuda_aware() == (False, "fastreduce.set_cuda_aware()"),
-                    f"cuda_aware() is {fastreduce.cuda_aware()} after set_cuda_aware(False)")
-    SUPPORT = fastreduce.gpupath.device_pointer_support()
-    if rank == 0:
-        print(f"GPU paths: {fastreduce.gpupath.gpu_path_settings()}", flush=True)
-    fastreduce.allreduce_(torch.ones(1, device=DEV))  # loads the CUDA runtime
-    info = frcuda.runtime_info()
-    fails.check(info["path"] is not None, f"runtime_info() after a GPU call: {info}")
-    if rank == 0:
-        print(f"{p} ranks on {fastreduce.local_size()} per node, {torch.cuda.device_count()} "
-              f"GPU(s) ({torch.cuda.get_device_name(DEV)}); torch {torch.__version__} CUDA "
-              f"{torch.version.cuda}; fastreduce loaded {info}", flush=True)
-    for name in names:
-        start = time.perf_counter()
-        fails.run(name, SECTIONS[name])
-        torch.cuda.synchronize()
-        elapsed = WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        if rank == 0:
-            print(f"section {name}: {elapsed:.1f} s", flush=True)
-    fails.finish()
-
-
-if __name__ == "__main__":
-    main()
