@@ -180,6 +180,7 @@ def run_matrix(name: str, dtype: str, op: str, mode: str, checks, comm,
 
 
 @pytest.mark.across_nodes
+@pytest.mark.minimum_versions
 @pytest.mark.mpi(ranks=(1, 2, 3, 4))
 @pytest.mark.parametrize(CASE, cases())
 def test_matrix(framework, dtype, op, mode, checks, comm):
