@@ -92,12 +92,12 @@ for mpi in $mpis; do
   python=$venv/bin/python
   if [ "${#single[@]}" -gt 0 ]; then
     run "$mpi: unit and launched tests" "$python" -m pytest "${single[@]}" "${select[@]}" \
-      "${common[@]}"
+      --durations=15 "${common[@]}"
   fi
   if [ "${#multi[@]}" -gt 0 ] || [ "$selecting" -eq 0 ] || [ "${#single[@]}" -eq 0 ] \
      || [ "${#common[@]}" -gt 0 ]; then
     run "$mpi: multi-rank sessions" "$python" tests/support/sessions.py -- "${multi[@]}" \
-      "${common[@]}"
+      --durations=5 "${common[@]}"
   fi
   multinode=${FASTREDUCE_MULTINODE:-auto}
   [ "$multinode" = auto ] && [ "$selecting" -eq 1 ] && multinode=0
