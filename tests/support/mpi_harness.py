@@ -33,6 +33,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import profiles
 import pytest
 from checks import Checks
@@ -41,6 +42,7 @@ from mpi4py import MPI
 DEFAULT_RANKS = (1, 2, 3, 4)
 TIMED_OUT_EXIT = 124  # the MPI_Abort error code of a case past its timeout
 _TIMER = pytest.StashKey[threading.Timer]()
+_OUTCOME_CODES = {"passed": 0, "skipped": 1, "failed": 2}
 
 
 def case_sessions(item: pytest.Item) -> tuple[tuple[int, ...], str]:
@@ -62,6 +64,7 @@ class MPIHarness:
         self.profile = config.getoption("profile")
         self.any_size = config.getoption("any_size")
         self.checks = 0  # checks made by this rank's cases (the `checks` fixture)
+        self._codes = np.zeros(2, dtype=np.int64)  # (outcome code, -outcome code)
         self.cases = 0
 
     # -- set-up -------------------------------------------------------------------------
@@ -137,6 +140,13 @@ class MPIHarness:
         report = yield
         if call.when == "call":
             self.cases += 1
+        # the common case first, in one small reduction: every rank passed, or every rank
+        # skipped; the texts are gathered only when the ranks differ or one failed
+        code = _OUTCOME_CODES[report.outcome]
+        self._codes[:] = (code, -code)
+        self.comm.Allreduce(MPI.IN_PLACE, self._codes, op=MPI.MAX)
+        if self._codes[0] == -self._codes[1] and not report.failed:
+            return report
         local = (report.outcome, report.longreprtext if report.failed else "",
                  _skip_reason(report) if report.skipped else "")
         everyone = self.comm.allgather(local)
