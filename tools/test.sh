@@ -6,9 +6,11 @@
 #   1. tests/unit and tests/launch, one process (the launched tests start their own jobs)
 #   2. tests/mpi, one `mpiexec -n N python -m pytest tests/mpi --profile P` per rank count
 #      and profile its cases ask for (tests/support/sessions.py)
+# The last MPI runs all of it; the others leave out what is marked one_mpi (the unit tests
+# and the cases whose subject does not depend on the MPI family: Python above the core).
 #   3. the cases marked across_nodes, on a cluster on this machine (fastreduce.cluster:
-#      network namespaces, TCP between nodes): 2 nodes (3 and 4 ranks), then 3 nodes
-#      (3 ranks); and the launched watchdog test across 2 nodes
+#      network namespaces, TCP between nodes): 2 nodes x 2 ranks, 3 nodes x 1 rank, the
+#      algorithms on nodes of 2 and 1 ranks, and the launched watchdog test on 2 nodes
 #   4. (last MPI) the documentation, Sphinx with warnings as errors
 #
 # Then a quick pass with the minimum versions pyproject.toml declares (`bootstrap.sh
@@ -84,8 +86,8 @@ last=${mpis##* }
 for mpi in $mpis; do
   # The last MPI's pass runs everything; the others leave out the srun tests and the
   # single-process and launched tests whose subject does not depend on the MPI family.
-  select=()
-  [ "$mpi" = "$last" ] || select=(-m "not slurm and not one_mpi")
+  select=() mselect=()
+  [ "$mpi" = "$last" ] || { select=(-m "not slurm and not one_mpi"); mselect=(-m "not one_mpi"); }
   if [ "$default_paths" -eq 1 ]; then
     if [ "$mpi" = "$last" ]; then single=(tests/unit tests/launch); else single=(tests/launch); fi
   fi
@@ -103,15 +105,17 @@ for mpi in $mpis; do
   if [ "${#multi[@]}" -gt 0 ] || [ "$selecting" -eq 0 ] || [ "${#single[@]}" -eq 0 ] \
      || [ "${#common[@]}" -gt 0 ]; then
     run "$mpi: multi-rank sessions" "$python" tests/support/sessions.py -- "${multi[@]}" \
-      --durations=5 "${common[@]}"
+      "${mselect[@]}" --durations=5 "${common[@]}"
   fi
   multinode=${FASTREDUCE_MULTINODE:-auto}
   [ "$multinode" = auto ] && [ "$selecting" -eq 1 ] && multinode=0
   if [ "$multinode" != 0 ]; then
     for nodes in 2 3; do
       run "$mpi: across $nodes nodes" "$python" tests/support/sessions.py --nodes "$nodes" \
-        -- "${verbose[@]}"
+        -- "${mselect[@]}" "${verbose[@]}"
     done
+    run "$mpi: algorithms on nodes of 2 and 1 ranks" "$python" tests/support/sessions.py \
+      --nodes 2 --ranks 3 -- tests/mpi/test_algorithms.py "${verbose[@]}"
     run "$mpi: launched, across 2 nodes" env FASTREDUCE_TEST_NODES=2 "$python" -m pytest \
       "tests/launch/test_watchdog.py::test_timeout_ends_a_hung_job[4]" "${verbose[@]}"
   fi

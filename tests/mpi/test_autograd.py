@@ -11,7 +11,8 @@ import fastreduce
 from fastreduce.nn import AllReduce, AllSumReduce
 
 pytestmark = [pytest.mark.mpi(ranks=(1, 2, 3, 4)), pytest.mark.across_nodes,
-              pytest.mark.minimum_versions]
+              pytest.mark.minimum_versions,
+              pytest.mark.one_mpi]
 
 WORLD = MPI.COMM_WORLD
 p, rank = WORLD.size, WORLD.rank

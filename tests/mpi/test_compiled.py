@@ -21,7 +21,7 @@ import fastreduce
 import fastreduce.ops
 from fastreduce.nn import AllReduce, AllSumReduce
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.one_mpi]
 
 WORLD = MPI.COMM_WORLD
 p, rank = WORLD.size, WORLD.rank

@@ -29,6 +29,8 @@ from fastreduce.distdl import (
     zero_volume_tensor,
 )
 
+pytestmark = pytest.mark.one_mpi  # Python above the core: one MPI family's pass
+
 WORLD = MPI.COMM_WORLD
 p, rank = WORLD.size, WORLD.rank
 device = torch.device("cpu")

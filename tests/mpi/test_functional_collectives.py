@@ -12,7 +12,7 @@ import torch.distributed._functional_collectives as fc
 # torch older than 2.13: the backend refuses to import (tests/unit/test_torch_version.py)
 pytest.importorskip("fastreduce.distributed", exc_type=ImportError)  # registers the backend
 
-pytestmark = pytest.mark.mpi(ranks=2)
+pytestmark = [pytest.mark.mpi(ranks=2), pytest.mark.one_mpi]
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,8 @@ import fastreduce
 import fastreduce.backend.cudart as frcuda
 from fastreduce.nn import AllSumReduce
 
-pytestmark = [pytest.mark.gpu, pytest.mark.mpi(ranks=(2, 4))]
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi(ranks=(2, 4)),
+              pytest.mark.one_mpi]
 
 WORLD = MPI.COMM_WORLD
 p, rank = WORLD.size, WORLD.rank

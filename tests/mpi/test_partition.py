@@ -118,6 +118,7 @@ def test_bad_input(checks, world, P):
     expect(TypeError, ["communicator"], lambda: fastreduce.Partition("world"))
 
 
+@pytest.mark.one_mpi
 @pytest.mark.mpi(ranks=(12, 13))  # 13: one worker is inactive
 def test_seed_example(checks):
     """The seed example, as written apart from imports, checked against a reference.

@@ -12,7 +12,7 @@ from reference import matches, ops_for, reduce, values
 
 import fastreduce
 
-pytestmark = pytest.mark.mpi(ranks=3)
+pytestmark = [pytest.mark.mpi(ranks=3), pytest.mark.one_mpi]
 
 DTYPES = ["float64", "float32", "float16", "bfloat16", "complex64", "int8", "int16", "int32",
           "int64", "uint8", "bool"]

@@ -30,6 +30,8 @@ import fastreduce
 import fastreduce.distributed  # noqa: F401  (registers the backend)
 import fastreduce.ops
 
+pytestmark = pytest.mark.one_mpi  # Python above the core: one MPI family's pass
+
 DTYPES = ["float64", "float32", "float16", "bfloat16", "complex64", "complex128", "int8",
           "int16", "int32", "int64", "uint8", "bool"]
 TORCH_DTYPE = {"bfloat16": torch.bfloat16, "bool": torch.bool}

@@ -15,7 +15,7 @@ import torch
 
 import fastreduce
 
-pytestmark = pytest.mark.mpi(ranks=(1, 2, 3))
+pytestmark = [pytest.mark.mpi(ranks=(1, 2, 3)), pytest.mark.one_mpi]
 
 
 def equal(got, want) -> bool:

@@ -17,7 +17,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 # torch older than 2.13: the backend refuses to import (tests/unit/test_torch_version.py)
 pytest.importorskip("fastreduce.distributed", exc_type=ImportError)  # registers the backend
 
-pytestmark = [pytest.mark.mpi(ranks=(1, 2, 3, 4)), pytest.mark.across_nodes]
+pytestmark = [pytest.mark.mpi(ranks=(1, 2, 3, 4)), pytest.mark.across_nodes,
+              pytest.mark.one_mpi]
 
 STEPS = 4
 

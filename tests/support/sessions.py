@@ -5,7 +5,7 @@ tests/mpi --profile P` per (rank count, profile) that some selected case asks fo
     python tests/support/sessions.py -- -k engine -x   pytest arguments after --
     python tests/support/sessions.py --ranks 3 --profile fakecuda
     python tests/support/sessions.py --nodes 2         the cases marked across_nodes, on a
-                                                       cluster of 2 nodes (root; 3 and 4 ranks)
+                                                       cluster of 2 nodes (root; 4 ranks)
 
 The sessions are found by collecting tests/mpi once (`--mpi-sessions`); each one streams
 its output, and a table of every session's time and exit status ends the run. The exit
@@ -30,9 +30,10 @@ sys.path.insert(0, str(SUPPORT))
 
 import mpirun  # noqa: E402  (after the path above)
 
-# Across nodes, the rank counts each cluster runs: 2 nodes x 2 ranks (communicators within
-# a node and across) and 2 + 1; on 3 nodes, one rank a node (every byte over the network).
-ACROSS_NODES = {2: (3, 4), 3: (3,)}
+# Across nodes, the rank counts each cluster runs unless --ranks says: 2 nodes x 2 ranks
+# (communicators within a node and across); on 3 nodes, one rank a node (every byte over
+# the network). `--nodes 2 --ranks 3` gives nodes of 2 and 1 ranks.
+ACROSS_NODES = {2: (4,), 3: (3,)}
 SESSION_GUARD = 3600.0  # seconds; each case has its own, shorter timeout
 
 
@@ -65,10 +66,15 @@ def main() -> int:
 
     env = mpirun.launcher_env()
     pytest_args = with_paths(list(args.pytest_args))
-    if args.nodes:
-        pytest_args = ["-m", "across_nodes", *pytest_args]
+    if args.nodes:  # the across_nodes cases (and those any -m given selects)
+        expression = "across_nodes"
+        if "-m" in pytest_args:
+            at = pytest_args.index("-m")
+            expression = f"({pytest_args[at + 1]}) and across_nodes"
+            del pytest_args[at:at + 2]
+        pytest_args = ["-m", expression, *pytest_args]
     sessions = needed_sessions(pytest_args, env)
-    if args.nodes:
+    if args.nodes and not args.ranks:
         sessions = [(n, p) for n, p in sessions if n in ACROSS_NODES[args.nodes]]
     if args.ranks:
         sessions = [(n, p) for n, p in sessions if n in args.ranks]
