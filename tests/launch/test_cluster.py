@@ -16,6 +16,10 @@ from fastreduce.cluster import Cluster, Link, Node
 from fastreduce.errors import ClusterError
 from fastreduce.tools.cluster import launch, network, placement
 
+# in one MPI's pass: test_both_families_run_across_the_nodes launches both families, and the
+# other family's sessions across nodes (tools/test.sh) run through the same launcher
+pytestmark = pytest.mark.one_mpi
+
 NAME, SUBNET = "frc", "10.77.95.0/24"
 
 

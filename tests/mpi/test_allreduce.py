@@ -187,6 +187,7 @@ def test_matrix(framework, dtype, op, mode, checks, comm):
     run_matrix(framework, dtype, op, mode, checks, comm)
 
 
+@pytest.mark.one_mpi  # segments above the MPI calls; the matrix has every dtype on both MPIs
 @pytest.mark.mpi(ranks=(2, 3))
 @pytest.mark.parametrize(CASE, cases(big=True))
 def test_over_one_mib(framework, dtype, op, mode, checks, comm):
@@ -223,6 +224,7 @@ def test_segmented_with_the_int_limit(framework, dtype, op, mode, count_limit, s
     run_matrix(framework, dtype, op, mode, checks, comm)
 
 
+@pytest.mark.one_mpi
 @pytest.mark.mpi(ranks=(3,))
 @pytest.mark.parametrize("segment_bytes", [pytest.param(1048576, id="segment1048576"),
                                            pytest.param(0, id="segment0")], indirect=True)
