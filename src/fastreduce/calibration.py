@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import watchdog
+from . import agreement, watchdog
 from .backend import collectives, cudart, engine, reduce, staging
 from .errors import CalibrationError
 from .gpupath import (
@@ -37,8 +37,8 @@ def agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
     """(mode, support, auto mode's size table) that every rank of comm agrees on (collective).
 
     The settings decide which MPI calls each rank makes, so they must be the same on every
-    rank: a difference, or a bad setting on any rank, raises ValueError on every rank.
-    None is the default communicator.
+    rank: a difference, or a bad setting on any rank, raises ValueError on every rank
+    (fastreduce.agreement). None is the default communicator.
     """
     if comm is None:
         comm = collectives.default_comm()
@@ -46,31 +46,14 @@ def agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
         mode, _ = gpu_path_mode()
         support = device_pointer_support()
         pinned = pinned_thresholds() if mode == "auto" else None
-        progress = "engine" if engine.state()[0] else "no engine"
-        mine = (mode, support.calls(), pinned.spec() if pinned else "calibrated", progress)
+        mine = {"mode": mode, "device pointers": support.calls(),
+                "size table": pinned.spec() if pinned else "calibrated",
+                "progress": "engine" if engine.state()[0] else "no engine"}
         error = None
     except ValueError as exc:
-        mine, error = None, str(exc)
-    with watchdog.recorded("GPU path settings agreement (MPI_Allgather)", comm):
-        everyone = comm.allgather((mine, error))
-    failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err]
-    if error:
-        raise ValueError(error)
-    if failed:
-        raise ValueError(f"fastreduce: rank {failed[0][0]} of this communicator has a bad GPU "
-                         f"path setting ({failed[0][1]})")
-    if len({m for m, _ in everyone}) > 1:
-        by_setting: dict = {}
-        for rank, (m, _) in enumerate(everyone):
-            by_setting.setdefault(m, []).append(rank)
-        said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r[:8]))}"
-                         f"{'...' if len(r) > 8 else ''}: mode {m[0]}, device pointers "
-                         f"{m[1]}, size table {m[2]}, {m[3]}" for m, r in by_setting.items())
-        raise ValueError(
-            f"fastreduce: the ranks of this communicator disagree on the GPU path settings, "
-            f"which decide the MPI calls each one makes ({said}); give every rank the same "
-            f"FASTREDUCE_GPU_PATH, FASTREDUCE_GPU_THRESHOLDS(_FILE), FASTREDUCE_DEVICE_POINTERS, "
-            f"FASTREDUCE_CUDA_AWARE and FASTREDUCE_ENGINE (and the same set_* calls)")
+        mine, error = None, exc
+    agreement.agree(comm, mine, error, refused=_refused, differ=_differ,
+                    doing="GPU path settings agreement")
     if mode != "auto" or not (support.blocking or support.nonblocking):
         steps = ((0, "staged"),)  # not consulted: the mode or the MPI decides
     elif pinned is not None:
@@ -78,6 +61,23 @@ def agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
     else:
         steps = _thresholds_for(comm)
     return mode, support, steps
+
+
+def _refused(ranks: list[int], listing: str) -> ValueError:
+    return ValueError(f"fastreduce: {agreement.ranks_text(ranks)} of this communicator "
+                      f"{'has' if len(ranks) == 1 else 'have'} a bad GPU path setting "
+                      f"({listing})")
+
+
+def _differ(found: agreement.Differences) -> ValueError:
+    said = found.by_rank(lambda f: f"mode {f['mode']}, device pointers "
+                                   f"{f['device pointers']}, size table {f['size table']}, "
+                                   f"{f['progress']}")
+    return ValueError(
+        f"fastreduce: the ranks of this communicator disagree on the GPU path settings, "
+        f"which decide the MPI calls each one makes ({said}); give every rank the same "
+        f"FASTREDUCE_GPU_PATH, FASTREDUCE_GPU_THRESHOLDS(_FILE), FASTREDUCE_DEVICE_POINTERS, "
+        f"FASTREDUCE_CUDA_AWARE and FASTREDUCE_ENGINE (and the same set_* calls)")
 
 
 def _thresholds_for(comm) -> tuple:
