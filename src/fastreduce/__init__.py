@@ -16,6 +16,7 @@ _abi.check()  # before any MPI call through a possibly mismatched library
 from . import (  # noqa: E402, F401  (fastreduce.runtime without an import)
     algorithms,
     configure,
+    gpupaths,
     runtime,
     watchdog,
 )
@@ -37,8 +38,9 @@ from .backend.mpierrors import build_mpi  # noqa: E402
 from .backend.reductions import OP_NAMES, half_precision_paths, supports  # noqa: E402
 from .checks import CollectiveMismatch, set_debug  # noqa: E402
 from .errors import CalibrationError  # noqa: E402
+from .gpupaths import cuda_aware, set_cuda_aware  # noqa: E402
 from .partition import CartesianPartition, Partition  # noqa: E402
-from .runtime import cuda_aware, local_rank, local_size, set_cuda_aware  # noqa: E402
+from .runtime import local_rank, local_size  # noqa: E402
 from .watchdog import flight_record, set_timeout  # noqa: E402
 
 configure.hand_down_settings()  # the compiled core's FASTREDUCE_* settings and hooks

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from . import agreement, settings, watchdog
 from .backend import algochoice, engine, mpierrors, reduce
-from .gpupath import PathTable
+from .sizes import SizeTable
 
 __all__ = ["ALGORITHMS", "NETWORK_FROM", "PIECE_BYTES", "AlgorithmTable", "agree",
            "algorithm_mode", "pinned_table", "plan", "set_algorithm", "set_algorithm_table"]
@@ -47,7 +47,7 @@ MAX_STEPS = 32  # MAX_ALGORITHM_STEPS of backend/algochoice.pxd
 PIECE_BYTES = 1 << 20
 
 
-class AlgorithmTable(PathTable):
+class AlgorithmTable(SizeTable):
     """Which algorithm a host all-reduce of each size takes: (from bytes, algorithm) steps."""
 
     CHOICES = ALGORITHMS

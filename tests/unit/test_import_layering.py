@@ -117,6 +117,16 @@ def test_no_import_reaches_a_layer_above():
     assert not upward, "\n".join(upward)
 
 
+def test_only_gpupaths_talks_to_the_path_choice():
+    """The Python core reaches the compiled GPU path choice (backend.pathchoice) only
+    through fastreduce.gpupaths."""
+    edges = graph()
+    callers = sorted(m for m, targets in edges.items()
+                     if "fastreduce.backend.pathchoice" in targets and layer(m) != "backend"
+                     and not m.startswith("fastreduce.gpupaths"))
+    assert not callers, callers
+
+
 def test_no_import_cycles():
     edges = graph()
     cycles, state, stack = [], {}, []
@@ -138,15 +148,15 @@ def test_no_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
-MODULES = {"fastreduce", "fastreduce.checks", "fastreduce.gpupath", "fastreduce.backend",
+MODULES = {"fastreduce", "fastreduce.checks", "fastreduce.gpupaths", "fastreduce.backend",
            "fastreduce.backend.buffer", "fastreduce.backend.collectives"}
 
 
 @pytest.mark.parametrize("suffix, source, expected", [
     (".pyx", "from ..checks import fingerprint\n", {"fastreduce.checks"}),
-    (".pyx", "    from .. import gpupath\n", {"fastreduce.gpupath"}),
+    (".pyx", "    from .. import gpupaths\n", {"fastreduce.gpupaths"}),
     (".pyx", "from .buffer cimport BufferView\n", {"fastreduce.backend.buffer"}),
-    (".py", "def f():\n    import fastreduce.gpupath\n", {"fastreduce.gpupath"}),
+    (".py", "def f():\n    import fastreduce.gpupaths\n", {"fastreduce.gpupaths"}),
     (".py", "from .. import checks as c\n", {"fastreduce.checks"}),
 ])
 def test_the_reader_sees_every_import(suffix, source, expected):

@@ -1,7 +1,7 @@
 """The per-call choice between the direct and the staged GPU path.
 
 A call may hand device pointers to MPI only where the MPI promises to accept them for
-that kind of call (fastreduce.gpupath's capability table, or the user's override), and
+that kind of call (fastreduce.gpupaths.capabilities, or the user's override), and
 only with MPI's own operations. Among the calls where both paths are allowed, the mode
 (FASTREDUCE_GPU_PATH) decides, and in "auto" mode a size table.
 
@@ -11,11 +11,11 @@ settings with the other ranks (one allgather; a difference raises on every rank)
 auto mode with no pinned table, calibrates; the outcome is kept in an MPI attribute of the
 communicator, so later calls cost one attribute look-up. Changing a setting (forget())
 makes each communicator agree again at its next call. The agreement installed at set-up
-(set_agreement) is fastreduce.calibration.agree: it gives (mode, device pointer support,
-auto mode's size table) that every rank of the communicator agreed on.
+(set_agreement) is fastreduce.gpupaths.agreement.agree: it gives (mode, device pointer
+support, auto mode's size table) that every rank of the communicator agreed on.
 """
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from .algochoice cimport choose_algorithm, plan_for
@@ -28,7 +28,6 @@ from .commrecord cimport (
     keep_record,
     step_choice,
 )
-from .cudart cimport count_path
 from .dtypes cimport KIND_BFLOAT16, KIND_FLOAT16
 from .libmpi cimport *
 from .reductions cimport Reduction
@@ -53,6 +52,10 @@ ctypedef struct Agreed:
 
 _MODES = {"auto": MODE_AUTO, "direct": MODE_DIRECT, "staged": MODE_STAGED}
 _PATHS = {"staged": PATH_STAGED, "direct": PATH_DIRECT}
+
+# path_counts(): the path each GPU call took since the last reset
+cdef uint64_t _direct_calls = 0    # device pointers went to MPI
+cdef uint64_t _staged_calls = 0    # staged through pinned host memory
 
 include "agreement.pxi"
 
@@ -116,6 +119,22 @@ cdef int _decide(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
 cdef int choose_path(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
                      const Reduction* red, int kind) except -1:
     """PATH_DIRECT or PATH_STAGED for one call on CUDA device memory (counted)."""
+    global _direct_calls, _staged_calls
     cdef int path = _decide(comm, handle, nbytes, nonblocking, red, kind)
-    count_path(path == PATH_DIRECT)
+    if path == PATH_DIRECT:
+        _direct_calls += 1
+    else:
+        _staged_calls += 1
     return path
+
+
+def path_counts() -> dict:
+    """How many GPU calls took each path since reset_path_counts() (direct_calls: device
+    pointers to MPI; staged_calls: through pinned host memory)."""
+    return {"direct_calls": _direct_calls, "staged_calls": _staged_calls}
+
+
+def reset_path_counts() -> None:
+    """Zero path_counts()."""
+    global _direct_calls, _staged_calls
+    _direct_calls = _staged_calls = 0
