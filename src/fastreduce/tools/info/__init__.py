@@ -14,12 +14,12 @@ import mpi4py
 import numpy
 from mpi4py import MPI
 
-from .. import algorithms, gpupaths, runtime, settings, topology
-from .._abi import first_line
-from .._version import __version__
-from ..backend import buffer, collectives, cudart, engine, mpierrors, reduce, reductions
-from ..errors import CalibrationError
-from ..sizes import format_size
+from ... import algorithms, gpupaths, runtime, settings, topology
+from ..._abi import first_line
+from ..._version import __version__
+from ...backend import buffer, collectives, cudart, engine, mpierrors, reduce, reductions
+from ...errors import CalibrationError
+from ...sizes import format_size
 
 __all__ = ["collect", "main"]
 
@@ -37,7 +37,7 @@ def collect() -> dict:
         exchange = buffer._uses_exchange_api(torch.empty(0))
         exchange_text = "yes (DLPack C exchange API)" if exchange else "no (__dlpack__ fallback)"
         try:
-            from ..torch.distributed import BACKEND
+            from ...torch.distributed import BACKEND
         except ImportError as exc:  # torch older than the backend needs
             backend = f"n/a ({exc})"
         else:
@@ -204,6 +204,3 @@ def calibrate_and_print() -> int:
         sys.stdout.flush()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
