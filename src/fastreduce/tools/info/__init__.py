@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_settings() -> None:
-    """Every FASTREDUCE_* setting: its text in the environment, or its default."""
+    """Every setting (fastreduce.settings): its text in the environment, or its default."""
     rows = settings.describe()
     width = max(len(name) for name, _, _ in rows)
     print("settings:")
