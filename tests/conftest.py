@@ -1,8 +1,7 @@
-"""Shared by every test: tests/support on the path, the cluster of a pass across nodes,
-and tests/mpi left out of a run that does not name it (its cases run on every rank of an
-MPI job: `mpiexec -n N python -m pytest tests/mpi`, docs/testing.md)."""
+"""Shared by every test: tests/support on the path, and tests/mpi left out of a run that
+does not name it (its cases run on every rank of an MPI job: `mpiexec -n N python -m
+pytest tests/mpi`, docs/testing.md)."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -10,8 +9,6 @@ import pytest
 
 SUPPORT = Path(__file__).parent / "support"
 sys.path.insert(0, str(SUPPORT))
-
-import mpirun  # noqa: E402  (after the path above)
 
 MPI_CASES = Path(__file__).parent / "mpi"
 
@@ -23,19 +20,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config):
         if not any(p == MPI_CASES or MPI_CASES in p.parents for p in named):
             return True
     return None
-
-
-@pytest.fixture(scope="session", autouse=True)
-def test_cluster():
-    """With FASTREDUCE_TEST_NODES=K, a K-node cluster for the session, removed at its end."""
-    nodes = mpirun.test_nodes()
-    if not nodes or "FASTREDUCE_IN_CLUSTER" in os.environ:
-        yield None
-        return
-    cluster = mpirun.cluster_or_skip(nodes, mpirun.TEST_CLUSTER, mpirun.TEST_SUBNET,
-                                     os.environ.get("FASTREDUCE_TEST_LINK"))
-    with cluster:
-        yield cluster
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from mpirun import WORKERS, cluster_or_skip, launcher_env
+from mpirun import PROGRAMS, cluster_or_skip, launcher_env
 
 from fastreduce.cluster import Cluster, Link, Node
 from fastreduce.errors import ClusterError
@@ -184,7 +184,7 @@ def test_both_families_run_across_the_nodes(cluster):
 def rendezvous(cluster, nprocs: int, *args: str) -> str:
     pytest.importorskip("torch.distributed")
     rc, out = cluster.run(nprocs, [sys.executable, "-m", "mpi4py",
-                                   str(WORKERS / "torch_rendezvous.py"), *args],
+                                   str(PROGRAMS / "torch_rendezvous.py"), *args],
                           env=launcher_env(), timeout=240, capture=True)
     assert rc == 0 and f"on {nprocs} ranks, 0 failed" in out, out
     return out

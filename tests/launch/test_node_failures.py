@@ -19,7 +19,7 @@ import threading
 import time
 
 import pytest
-from mpirun import WORKERS, cluster_or_skip, launcher_env
+from mpirun import PROGRAMS, cluster_or_skip, launcher_env
 
 pytestmark = pytest.mark.multinode
 
@@ -43,7 +43,7 @@ class Job:
         env["FASTREDUCE_TIMEOUT"] = str(TIMEOUT)
         self.cluster = cluster
         self.proc = cluster.start(4, [sys.executable, "-m", "mpi4py",
-                                      str(WORKERS / "node_failure.py"), mode],
+                                      str(PROGRAMS / "node_failure.py"), mode],
                                   env=env, capture=True)
         self.lines: list[tuple[float, str]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)

@@ -24,7 +24,7 @@ from slurm_cluster import MultiNodeSlurm, SlurmCluster, missing_tools
 pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKERS = Path(__file__).parent / "workers"
+SUPPORT = ROOT / "tests" / "support"
 FAMILIES = {"mpich": (ROOT / ".venv-mpich", "pmi2"),
             "openmpi": (ROOT / ".venv-system-openmpi", "pmix")}
 
@@ -62,26 +62,40 @@ def python_for(family: str) -> tuple[str, str]:
     return str(python), mpi
 
 
-ENV = {"PYTHONPATH": str(WORKERS), "PYTHONUNBUFFERED": "1",
+ENV = {"PYTHONPATH": str(SUPPORT), "PYTHONUNBUFFERED": "1",
        "OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def cases(path: str, *select: str) -> tuple[str, ...]:
+    """pytest on every task, over tests/mpi cases whatever rank counts they are marked
+    for (--any-size: srun's task count decides)."""
+    return ("-m", "pytest", "-p", "no:cacheprovider", "-q", "--any-size", str(ROOT / path),
+            *select)
+
+
+def passed(rc: int, out: str) -> bool:
+    """The session ended with every selected case passed (and at least one ran)."""
+    return rc == 0 and re.search(r"^\d+ passed", out, re.M) is not None and " failed" not in out
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("ntasks", [2, 4])
 def test_core_under_srun(cluster, family, ntasks):
     python, mpi = python_for(family)
-    rc, out = cluster.srun(ntasks, mpi, python, "-m", "mpi4py",
-                           str(WORKERS / "launcher_agnostic.py"), env=ENV)
-    assert rc == 0 and f"on {ntasks} ranks, 0 failed" in out, out
+    rc, out = cluster.srun(ntasks, mpi, python,
+                           *cases("tests/mpi/test_runtime.py", "-k", "launcher_agnostic"),
+                           env=ENV)
+    assert passed(rc, out), out
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_seed_example_under_srun(cluster, family):
     python, mpi = python_for(family)
-    rc, out = cluster.srun(12, mpi, python, "-m", "mpi4py", str(WORKERS / "seed_example.py"),
+    rc, out = cluster.srun(12, mpi, python,
+                           *cases("tests/mpi/test_partition.py", "-k", "seed_example"),
                            env=ENV, timeout=600)
-    assert rc == 0 and "on 12 ranks, 0 failed" in out, out
+    assert passed(rc, out), out
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -124,9 +138,9 @@ def test_torch_backend_under_srun(cluster, family):
     """dist.init_process_group("fastreduce") under srun, with no rendezvous variables."""
     python, mpi = python_for(family)
     env = {k: v for k, v in ENV.items()}
-    rc, out = cluster.srun(2, mpi, python, "-W", "ignore", "-m", "mpi4py",
-                           str(WORKERS / "torch_backend.py"), env=env, timeout=300)
-    assert rc == 0 and "on 2 ranks, 0 failed" in out, out
+    rc, out = cluster.srun(2, mpi, python, "-W", "ignore",
+                           *cases("tests/mpi/test_torch_backend.py"), env=env, timeout=300)
+    assert passed(rc, out), out
 
 
 # Two nodes: a fastreduce.cluster cluster, one slurmd in each node's namespace.
@@ -168,10 +182,10 @@ def test_placement_across_nodes(two_nodes, family):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_core_across_nodes(two_nodes, family):
     python, mpi = python_for(family)
-    rc, out = two_nodes.srun(4, mpi, python, "-m", "mpi4py",
-                             str(WORKERS / "launcher_agnostic.py"), nodes=2, env=NODES_ENV,
-                             timeout=120)
-    assert rc == 0 and "on 4 ranks, 0 failed" in out, out
+    rc, out = two_nodes.srun(4, mpi, python,
+                             *cases("tests/mpi/test_runtime.py", "-k", "launcher_agnostic"),
+                             nodes=2, env=NODES_ENV, timeout=120)
+    assert passed(rc, out), out
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -60,6 +60,7 @@ class MPIHarness:
         self.comm = MPI.COMM_WORLD.Dup()  # the harness's messages never meet a case's
         self.rank, self.size = self.comm.rank, self.comm.size
         self.profile = config.getoption("profile")
+        self.any_size = config.getoption("any_size")
         self.checks = 0  # checks made by this rank's cases (the `checks` fixture)
         self.cases = 0
 
@@ -89,7 +90,7 @@ class MPIHarness:
         keep, drop, wanted = [], [], set()
         for item in items:
             ranks, profile = case_sessions(item)
-            if self.size in ranks and profile == self.profile:
+            if (self.size in ranks or self.any_size) and profile == self.profile:
                 keep.append(item)
             else:
                 drop.append(item)
@@ -110,7 +111,9 @@ class MPIHarness:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if not session.config.getoption("mpi_sessions"):
             return
+        long_too = "long" in (session.config.getoption("-m") or "")
         found = sorted({(n, p) for item in session.items
+                        if long_too or "long" not in item.keywords
                         for ranks, p in [case_sessions(item)] for n in ranks})
         if self.rank == 0:
             print(json.dumps(found))
@@ -199,8 +202,13 @@ class MPIHarness:
         MPI.COMM_WORLD.Abort(TIMED_OUT_EXIT)
 
     # -- the end ------------------------------------------------------------------------
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.total_checks = self.comm.allreduce(self.checks)
+        report = os.environ.get("FASTREDUCE_SESSION_REPORT")
+        if report and self.rank == 0:  # for tests/support/sessions.py: the session ran
+            Path(report).write_text(json.dumps({
+                "exitstatus": int(exitstatus), "cases": self.cases,
+                "checks": self.total_checks, "ranks": self.size, "profile": self.profile}))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.rank == 0 and not self.config.getoption("mpi_sessions"):
@@ -229,6 +237,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--profile", default="default",
                     help="the environment of this session (tests/support/profiles.py); "
                          "cases of other profiles are deselected")
+    group.addoption("--any-size", action="store_true",
+                    help="run the selected cases on this many ranks whatever rank counts "
+                         "they are marked for (e.g. under another launcher's task count)")
     group.addoption("--mpi-sessions", action="store_true",
                     help="print the [ranks, profile] sessions the collected cases need, "
                          "as JSON, and exit")
@@ -253,7 +264,16 @@ def comm() -> MPI.Intracomm:
 
 
 @pytest.fixture
-def shared_tmp_path(tmp_path: Path) -> Path:
-    """Rank 0's new tmp_path, the same directory on every rank (the nodes of a test
-    cluster share this machine's file system)."""
-    return Path(MPI.COMM_WORLD.bcast(str(tmp_path)))
+def shared_tmp_path():
+    """A new directory every rank sees (made by rank 0, removed after the case; the nodes of
+    a test cluster share this machine's file system)."""
+    import shutil
+    import tempfile
+
+    world = MPI.COMM_WORLD
+    path = Path(world.bcast(tempfile.mkdtemp(prefix="fastreduce-case-")
+                            if world.rank == 0 else None))
+    yield path
+    world.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)

@@ -21,6 +21,15 @@ def _fake_cuda() -> dict[str, str]:
     return {"FASTREDUCE_CUDART": fakecuda.library_path()}
 
 
+def _pointer_log() -> dict[str, str]:
+    """The fake CUDA runtime, with the fake MPI layer's pointer log loaded now: it must be
+    loaded before fastreduce is imported, which no case can do (tests/support/fakempi)."""
+    import fakempi
+
+    fakempi.install()
+    return _fake_cuda()
+
+
 # name -> (what it is for, a function giving the variables it sets)
 PROFILES = {
     "default": ("no fastreduce setting", dict),
@@ -40,6 +49,8 @@ PROFILES = {
                             lambda: {"FASTREDUCE_HALF_OPS": "fastreduce"}),
     "half-ops-mpi": ("the MPI's 16-bit float types where it has them",
                      lambda: {"FASTREDUCE_HALF_OPS": "mpi"}),
+    "fakecuda-pointerlog": ("the fake CUDA runtime, MPI calls logged by the kind of memory "
+                            "they are handed (tests/support/fakempi)", _pointer_log),
 }
 
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -88,9 +90,18 @@ def main() -> int:
             print(f"=== {ranks} rank(s), profile {profile}{where} ===", flush=True)
             command = [sys.executable, "-m", "pytest", "--profile", profile,
                        "-p", "no:cacheprovider", *pytest_args]
+            report = Path(tempfile.mkdtemp()) / "report.json"
             start = time.monotonic()
-            rc = mpirun.stream_mpi(ranks, command, env=env, cwd=ROOT, timeout=SESSION_GUARD)
-            results.append((ranks, profile, rc, time.monotonic() - start))
+            rc = mpirun.stream_mpi(ranks, command, env={**env, "FASTREDUCE_SESSION_REPORT":
+                                                          str(report)},
+                                   cwd=ROOT, timeout=SESSION_GUARD)
+            seconds = time.monotonic() - start
+            if not report.exists():  # the job never ran pytest to its end
+                print(f"=== {ranks} rank(s), profile {profile}: no pytest session finished "
+                      f"(the job did not start, or a rank died) ===", flush=True)
+                rc = rc or 1
+            shutil.rmtree(report.parent, ignore_errors=True)
+            results.append((ranks, profile, rc, seconds))
     finally:
         if cluster is not None:
             cluster.__exit__(None, None, None)

@@ -8,7 +8,7 @@ import sys
 import time
 
 import torch
-from common import WORLD
+from checks import WORLD
 
 import fastreduce
 

@@ -15,14 +15,14 @@ import time
 
 import torch
 import torch.distributed as dist
-from common import WORLD, Failures
+from checks import WORLD, Checks
 
 import fastreduce.distributed  # noqa: F401
 from fastreduce.errors import BackendError
 
 assert "MASTER_ADDR" not in os.environ, "test must run bare"
 faulthandler.dump_traceback_later(120, exit=True)
-f = Failures()
+f = Checks()
 me, n = WORLD.rank, WORLD.size
 hostname = socket.gethostname()
 
@@ -95,4 +95,4 @@ else:
     dist.init_process_group("fastreduce")
     all_reduce_works("after a failed rendezvous")
     dist.destroy_process_group()
-f.finish()
+f.exit_report()

@@ -349,12 +349,12 @@ def launch_write(stream: Stream | int | None, dst_ptr: int, data, delay_us: int 
 # ---------------------------------------------------------------------------- DLPack producer
 
 def _fake_dlpack():
-    """tests/workers/fake_dlpack.py, which holds the ctypes DLPack structs: the module workers
+    """tests/support/fake_dlpack.py, which holds the ctypes DLPack structs: the module tests
     import under that name if it is loaded already, else loaded from its file (and registered
     under that name, so that later imports share it)."""
     if "fake_dlpack" not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            "fake_dlpack", HERE.parent / "workers" / "fake_dlpack.py")
+            "fake_dlpack", HERE.parent / "fake_dlpack.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["fake_dlpack"] = module
         spec.loader.exec_module(module)

@@ -1,0 +1,44 @@
+"""FASTREDUCE_TIMEOUT's watchdog ends a hung job: a rank that never arrives, and the others'
+watchdog prints the flight record (the stuck collective marked) and aborts the job. A
+launched program (tests/launch/programs/timeout.py): what it checks is the job's end.
+
+Across the nodes of a test cluster: FASTREDUCE_TEST_NODES=2 (mpirun places the ranks)."""
+
+import sys
+import time
+
+import pytest
+from mpirun import PROGRAMS, run_mpi
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_timeout_ends_a_hung_job(monkeypatch, nprocs):
+    """FASTREDUCE_TIMEOUT=5 and a rank 60 s late: the job ends well before 40 s, with the
+    stuck all-reduce and the flight record on stderr."""
+    monkeypatch.setenv("FASTREDUCE_TIMEOUT", "5")
+    start = time.monotonic()
+    rc, out = run_mpi(nprocs, sys.executable, str(PROGRAMS / "timeout.py"), "60", timeout=90)
+    elapsed = time.monotonic() - start
+    assert rc != 0 and elapsed < 40, (rc, elapsed, out)
+    assert "allreduce_" in out and "has not completed in 5 s" in out, out
+    assert "flight record" in out and ">>" in out and "count 1000" in out, out
+    assert "not reached" not in out, out
+
+
+@pytest.mark.parametrize(("where", "names"), [
+    ("first-allreduce", "MPI_Comm_dup: the default communicator"),
+    ("partition", "agreement on create_cartesian_topology_partition"),
+    ("local-rank", "MPI_Comm_split_type: the node's ranks"),
+])
+def test_timeout_sees_the_first_collective(monkeypatch, where, names):
+    """A rank that never reaches the first collective (it failed while loading data): the
+    set-up collectives (the default communicator made, an agreement, the node's split) are
+    in the flight record, so the watchdog ends the job within the timeout and names them."""
+    monkeypatch.setenv("FASTREDUCE_TIMEOUT", "3")
+    start = time.monotonic()
+    rc, out = run_mpi(3, sys.executable, str(PROGRAMS / "timeout.py"), "60", where, timeout=90)
+    elapsed = time.monotonic() - start
+    assert rc != 0 and elapsed < 35, (rc, elapsed, out)
+    assert "has not completed in 3 s" in out and names in out, out
+    assert "flight record" in out and ">>" in out and "set-up" in out, out
+    assert "not reached" not in out, out

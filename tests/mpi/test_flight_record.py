@@ -1,0 +1,75 @@
+"""While a timeout is set, the flight record holds every collective fastreduce issued, in
+order, with its count, dtype and state: the core's forms, coalesced calls, and the
+torch.distributed backend's collectives and point-to-point calls. The timeout is set and
+cleared here with fastreduce.set_timeout (the session starts with none)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fastreduce
+
+pytestmark = [pytest.mark.mpi(ranks=(1, 3)), pytest.mark.across_nodes]
+
+
+def test_nothing_recorded_without_a_timeout(checks):
+    """With no timeout set, calls are not recorded."""
+    checks.check(fastreduce.watchdog.timeout() is None,
+                 "a timeout is set before the test sets one")
+    before = fastreduce.flight_record()
+    fastreduce.allreduce_(torch.ones(3))  # not recorded: no timeout
+    checks.check(fastreduce.flight_record() == before, "calls recorded without a timeout")
+
+
+def test_record_in_order(checks, comm):
+    """With a timeout set, the record holds the core's calls, coalesced calls and the
+    backend's collectives and point-to-point calls, in order, done or started."""
+    import torch.distributed as dist
+
+    import fastreduce.distributed  # noqa: F401
+
+    p, rank = comm.size, comm.rank
+    earlier = {e["number"] for e in fastreduce.flight_record()}  # other cases' entries
+    fastreduce.set_timeout(600)
+    try:
+        fastreduce.allreduce_(torch.ones(3))
+        fastreduce.allreduce(np.ones(5, dtype=np.int32), "max")
+        request = fastreduce.iallreduce_(torch.ones(7, dtype=torch.float64))
+        started = fastreduce.flight_record()[-1]
+        request.wait()
+        fastreduce.allreduce_coalesced_([torch.ones(2), torch.ones(4),
+                                         torch.ones(1, dtype=torch.int64)])
+        dist.init_process_group("fastreduce")
+        dist.all_reduce(torch.ones(6))
+        if p > 1:
+            peer = (rank + 1) % p, (rank - 1) % p
+            sent = dist.isend(torch.ones(8), dst=peer[0])
+            dist.recv(torch.empty(8), src=peer[1])
+            sent.wait()
+        dist.destroy_process_group()
+        record = [e for e in fastreduce.flight_record() if e["number"] not in earlier]
+    finally:
+        fastreduce.set_timeout(None)
+
+    checks.check(started["call"] == "iallreduce_" and started["state"] == "started",
+                 f"a request not yet waited for: {started}")
+    expected = [("allreduce_", 3, "float32"), ("allreduce", 5, "int32"),
+                ("iallreduce_", 7, "float64"), ("allreduce_coalesced_", 7, "int64+float32"),
+                ("allreduce_", 6, "float32")]  # the backend's all_reduce is the core's
+    if p > 1:
+        expected += [(f"send to {(rank + 1) % p}", 32, "bytes"),
+                     (f"recv from {(rank - 1) % p}", 32, "bytes")]
+    got = [(e["call"], e["count"], e["dtype"]) for e in record]
+    # the backend may add its own set-up collectives (barriers): the expected ones, in order
+    pos = 0
+    for e in got:
+        if pos < len(expected) and e == expected[pos]:
+            pos += 1
+    checks.check(pos == len(expected), f"the record {got} lacks {expected[pos:]} (in this order)")
+    checks.check(all(e["state"] == "done" for e in record),
+                 f"states: {[e['state'] for e in record]}")
+    numbers = [e["number"] for e in record]
+    checks.check(numbers == sorted(numbers) and len(set(numbers)) == len(numbers),
+                 f"numbers {numbers}")

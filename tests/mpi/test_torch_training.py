@@ -1,0 +1,205 @@
+"""Training through torch.distributed on the fastreduce backend equals the same training on
+gloo, in one job, same seeds, float64: DDP (plain, find_unused_parameters, no_sync gradient
+accumulation, a comm hook), ZeroRedundancyOptimizer, FSDP2 (fully_shard), and a
+torch.distributed.checkpoint save and load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+# torch older than 2.13: the backend refuses to import (tests/unit/test_torch_version.py)
+pytest.importorskip("fastreduce.distributed", exc_type=ImportError)  # registers the backend
+
+pytestmark = [pytest.mark.mpi(ranks=(1, 2, 3, 4)), pytest.mark.across_nodes]
+
+STEPS = 4
+
+
+@dataclass
+class World:
+    rank: int
+    size: int
+    world: dist.ProcessGroup  # the default group, on fastreduce
+    gloo: dist.ProcessGroup  # the same ranks on gloo
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    """The default group on fastreduce and the same ranks on gloo, float64 the default dtype;
+    destroyed (and the default dtype restored) at the module's end."""
+    dist.init_process_group("fastreduce")
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield World(dist.get_rank(), dist.get_world_size(), dist.group.WORLD,
+                dist.new_group(backend="gloo"))
+    torch.set_default_dtype(default_dtype)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class Net(nn.Module):
+    def __init__(self, unused_branch: bool = False):
+        super().__init__()
+        self.a = nn.Linear(12, 24)
+        self.b = nn.Linear(24, 6)
+        self.unused = nn.Linear(24, 6) if unused_branch else None
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def batch(rank: int, step: int, micro: int = 0):
+    g = torch.Generator().manual_seed(10_000 * rank + 100 * step + micro)
+    return torch.randn(8, 12, generator=g), torch.randn(8, 6, generator=g)
+
+
+def fresh(unused_branch=False):
+    torch.manual_seed(0)
+    return Net(unused_branch)
+
+
+def close(a, b) -> bool:
+    return torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def same_params(f, m1, m2, what):
+    p1, p2 = dict(m1.named_parameters()), dict(m2.named_parameters())
+    bad = [n for n in p1 if not close(p1[n].detach(), p2[n].detach())]
+    f.check(not bad, f"{what}: parameters {bad} differ from gloo's")
+
+
+def ddp_run(rank, pg, *, unused=False, accumulate=False, hook=False):
+    model = fresh(unused)
+    ddp = DDP(model, process_group=pg, find_unused_parameters=unused)
+    if hook:
+        ddp.register_comm_hook(pg, default_hooks.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        if accumulate:
+            with ddp.no_sync():
+                x, y = batch(rank, step, 1)
+                nn.functional.mse_loss(ddp(x), y).backward()
+        x, y = batch(rank, step)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return model
+
+
+def check_ddp(f, w: World, **kw):
+    ours, theirs = ddp_run(w.rank, w.world, **kw), ddp_run(w.rank, w.gloo, **kw)
+    same_params(f, ours, theirs, f"DDP {kw}")
+    # and every rank holds the same model
+    flat = torch.cat([p.detach().reshape(-1) for p in ours.parameters()])
+    copy = flat.clone()
+    dist.broadcast(copy, src=0)
+    f.check(torch.equal(flat, copy), f"DDP {kw}: ranks hold different models")
+
+
+@pytest.mark.parametrize(("label", "kw"), [
+    pytest.param("ddp", {}, id="plain"),
+    pytest.param("ddp find_unused_parameters", {"unused": True}, id="find_unused_parameters"),
+    pytest.param("ddp no_sync", {"accumulate": True}, id="no_sync"),
+    pytest.param("ddp comm hook", {"hook": True}, id="comm_hook"),
+])
+def test_ddp_equals_gloo(world, checks, label, kw):
+    """DDP's model after a few steps is gloo's, and the same on every rank."""
+    checks.run(label, lambda: check_ddp(checks, world, **kw))
+
+
+def test_ddp_gradients_are_averages(world, checks):
+    """One DDP step's gradients equal the mean of every rank's local gradients."""
+    def body():
+        ddp = DDP(fresh(), process_group=world.world)
+        x, y = batch(world.rank, 0)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        local = []
+        for r in range(world.size):
+            m = fresh()
+            g = torch.Generator().manual_seed(10_000 * r)
+            xr, yr = torch.randn(8, 12, generator=g), torch.randn(8, 6, generator=g)
+            nn.functional.mse_loss(m(xr), yr).backward()
+            local.append([p.grad for p in m.parameters()])
+        for i, p in enumerate(ddp.module.parameters()):
+            want = sum(grads[i] for grads in local) / world.size
+            checks.check(close(p.grad, want), f"DDP gradient {i} is not the mean of the ranks'")
+
+    checks.run("ddp gradients", body)
+
+
+def zero_run(rank, pg):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = fresh()
+    ddp = DDP(model, process_group=pg)
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam,
+                                  process_group=pg, lr=0.01)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    opt.consolidate_state_dict(to=0)
+    return model
+
+
+def test_zero_redundancy_optimizer_equals_gloo(world, checks):
+    checks.run("zero", lambda: same_params(checks, zero_run(world.rank, world.world),
+                                           zero_run(world.rank, world.gloo),
+                                           "ZeroRedundancyOptimizer"))
+
+
+def fsdp_run(rank, pg):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(pg, "cpu")
+    model = fresh()
+    fully_shard(model.a, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {n: p.full_tensor().detach() for n, p in model.named_parameters()}
+
+
+def test_fsdp2_equals_gloo(world, checks):
+    """FSDP2 (fully_shard on a layer and on the model)."""
+    def body():
+        ours, theirs = fsdp_run(world.rank, world.world), fsdp_run(world.rank, world.gloo)
+        bad = [n for n in ours if not close(ours[n], theirs[n])]
+        checks.check(not bad, f"FSDP2: parameters {bad} differ from gloo's")
+
+    checks.run("fsdp2", body)
+
+
+def test_checkpoint_save_and_load(world, checks, shared_tmp_path):
+    """A torch.distributed.checkpoint of a DDP model, saved to a folder every rank shares,
+    loads back into a fresh model unchanged."""
+    def body():
+        import torch.distributed.checkpoint as dcp
+
+        folder = str(shared_tmp_path / "checkpoint")
+        model = ddp_run(world.rank, world.world)
+        state = {"model": model.state_dict()}
+        dcp.save(state, checkpoint_id=folder)
+        restored = Net()
+        target = {"model": restored.state_dict()}
+        dcp.load(target, checkpoint_id=folder)
+        restored.load_state_dict(target["model"])
+        same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                      restored.state_dict().values(),
+                                                      strict=True))
+        checks.check(same, "checkpoint: the loaded model differs from the saved one")
+
+    checks.run("checkpoint", body)
