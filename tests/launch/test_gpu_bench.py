@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mpirun import run_mpi
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.one_mpi]
 
 TIMEOUT = 480  # seconds per job
 

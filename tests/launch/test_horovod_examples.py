@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from mpirun import run_mpi
 
+pytestmark = pytest.mark.one_mpi  # its subject does not depend on the MPI family
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "horovod"
 BENCHMARK = EXAMPLES / "pytorch_synthetic_benchmark.py"
 MNIST = EXAMPLES / "pytorch_mnist.py"

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from mpirun import run_mpi
 
+pytestmark = pytest.mark.one_mpi  # its subject does not depend on the MPI family
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # A ```python block; `<!-- skip-test ... -->` on the line before it keeps it out of the run.

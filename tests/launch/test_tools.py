@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from mpirun import launcher_env, mpiexec, run_mpi
 
+pytestmark = pytest.mark.one_mpi  # its subject does not depend on the MPI family
+
 BENCH = (sys.executable, "-m", "fastreduce.bench")
 COLUMNS = ["size(B)", "count", "type", "redop", "avg(us)", "min(us)", "max(us)", "algbw(GB/s)",
            "busbw(GB/s)", "#wrong"]

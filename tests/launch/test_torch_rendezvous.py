@@ -5,6 +5,8 @@ a rank tries. The launched program is tests/launch/programs/torch_rendezvous.py.
 import pytest
 from mpirun import run_program
 
+pytestmark = pytest.mark.one_mpi  # its subject does not depend on the MPI family
+
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_rendezvous_without_a_resolvable_hostname(nprocs):

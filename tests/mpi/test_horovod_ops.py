@@ -477,8 +477,7 @@ MISMATCHES = {
     "contiguous": (lambda: hvd.allreduce(torch.ones(4, 4).t() if rank == 0 else
                                          torch.ones(4, 4)), ["rank 0", "contiguous"],
                    ValueError),
-    # Rank 0's allgather numbering stays one behind the others' from here on (see the
-    # report of this conversion): no unnamed allgather may follow in this process.
+    # rank 0's unnamed-allgather numbering stays one behind the others' until hvd.init()
     "call": (lambda: hvd.allgather(_x) if rank else hvd.barrier(), ["call"], None),
     "refused_tensor": (lambda: hvd.allgather(_x if rank else None), ["rank 0", "refused"],
                        TypeError),
@@ -495,6 +494,20 @@ def test_mismatch(checks, dynamic_sets, mistake):
     checks.expect_everywhere(fn, words, own_error=own_error)
     checks.check(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size, size],
                  "after errors")
+
+
+@MORE_THAN_ONE
+def test_unnamed_calls_numbered_afresh_after_init(checks):
+    """A mismatch that left the ranks' unnamed-call numbers apart (rank 0 called barrier,
+    the others an unnamed allgather) does not outlive hvd.shutdown() and hvd.init()."""
+    checks.expect_everywhere(MISMATCHES["call"][0], ["call"])
+    hvd.shutdown()
+    hvd.init()
+    try:
+        got = hvd.allgather(torch.ones(1)).tolist()
+    except Exception as exc:  # noqa: BLE001
+        got = repr(exc)
+    checks.check(got == [1.0] * size, f"unnamed allgather after init: {got}")
 
 
 def test_refused_arguments(checks, dynamic_sets):

@@ -104,7 +104,7 @@ LAUNCHER_FAILED_TO_START = ("The PMIx server's listener thread failed to start",
 def run_mpi(nprocs: int, *command: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[int, str]:
     """Run `command` (after the launcher and -n) on `nprocs` ranks; (exit status, output).
 
-    A hang fails the test with every rank's output, like run_workers.
+    A hang fails the test with every rank's output, like run_program.
     """
     rc, output = _run_once(nprocs, command, timeout)
     if rc != 0 and any(text in output for text in LAUNCHER_FAILED_TO_START):

@@ -1,4 +1,4 @@
-"""The fake CUDA runtime (tests/fakecuda) that lets the GPU code paths run without a GPU."""
+"""The fake CUDA runtime (tests/support/fakecuda) that lets the GPU code paths run without a GPU."""
 
 from __future__ import annotations
 

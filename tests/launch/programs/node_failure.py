@@ -1,4 +1,4 @@
-"""A job that a node's failure interrupts (tests/test_node_failures.py does the failing).
+"""A job that a node's failure interrupts (tests/launch/test_node_failures.py does the failing).
 
 argv[1] "allreduce": rank 0 says "failure point" while every rank repeats a 64 MiB
 all-reduce; "gradsync": it says so at step 3 of a GradientSync training loop. Neither

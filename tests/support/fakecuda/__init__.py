@@ -120,7 +120,7 @@ _path: str | None = None
 
 
 def library_path() -> str:
-    """The fake CUDA runtime's path, built on first use (into tests/fakecuda/_build/, or a
+    """The fake CUDA runtime's path, built on first use (into tests/support/fakecuda/_build/, or a
     temporary directory where that cannot be written; FAKECUDA_BUILD_DIR overrides both)."""
     global _path
     with _path_lock:

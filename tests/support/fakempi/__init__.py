@@ -3,7 +3,7 @@ MPI_Allreduce / MPI_Iallreduce call is handed, and passes the call on to the rea
 
 It is a PMPI interposer (pointerlog.c) built with the MPI's own mpicc and loaded with
 RTLD_GLOBAL before fastreduce, whose calls then go through it. Device and pinned memory are
-recognised by the fake CUDA runtime (tests/fakecuda), so it is used with that runtime:
+recognised by the fake CUDA runtime (tests/support/fakecuda), so it is used with that runtime:
 
     import fakempi
     fakempi.install()            # before `import fastreduce`

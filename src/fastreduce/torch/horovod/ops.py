@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from ...backend import collectives as _core
 from ..dense import check_dense
-from . import handles, negotiation, timeline
+from . import handles, negotiation, timeline, world
 from .compression import Compression
 from .negotiation import HorovodMismatch
 from .process_sets import ProcessSet, _comm_of, global_process_set
@@ -37,7 +37,6 @@ Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
              Product: "Product"}
 _MPI_OPS = {Average: "sum", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
-_counters: dict[str, itertools.count] = {}
 
 poll = handles.poll
 synchronize = handles.synchronize
@@ -63,7 +62,9 @@ def _op_of(op, average, what: str):
 
 def _name(kind: str, name) -> str:
     if name is None:
-        counter = _counters.setdefault(kind, itertools.count())
+        # before init() the call is refused later; its name does not matter
+        unnamed = world.current.unnamed if world.current is not None else {}
+        counter = unnamed.setdefault(kind, itertools.count())
         return f"{kind}.noname.{next(counter)}"
     if not isinstance(name, str):
         raise TypeError(f"fastreduce.horovod: name must be a str, not {type(name).__qualname__}")
@@ -782,7 +783,7 @@ def _take_part(comm, fields: dict, device) -> None:
     call = fields["call"]
     kind, _, number = str(fields["name"]).rpartition(".noname.")
     if kind and number.isdigit():  # unnamed calls stay numbered alike on every rank
-        _counters[kind] = itertools.count(int(number) + 1)
+        world.current.unnamed[kind] = itertools.count(int(number) + 1)
 
     def place(kind: str) -> torch.device:
         # the others' device type: it decides the path their reduction takes

@@ -4,6 +4,8 @@ splitting the world by local rank, made once at init()."""
 
 from __future__ import annotations
 
+import itertools
+
 from mpi4py import MPI
 
 from ... import watchdog
@@ -22,6 +24,8 @@ class World:
             self.cross = comm.Split(self.local.Get_rank(), key=self.rank)
             sizes = comm.allgather(self.local.Get_size())
         self.homogeneous = len(set(sizes)) == 1
+        # the numbers of unnamed calls, by kind ("allreduce.noname.3"): new with each init()
+        self.unnamed: dict[str, itertools.count] = {}
 
     def free(self) -> None:
         for c in (self.cross, self.local, self.comm):
