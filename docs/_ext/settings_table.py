@@ -1,4 +1,4 @@
-"""The ``fastreduce-settings`` directive: the table of every FASTREDUCE_* variable,
+"""The ``fastreduce-settings`` directive: the table of every variable fastreduce reads,
 generated from ``fastreduce.settings.SETTINGS`` so the page never drifts from the code."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ SECTION_TITLES = {
     "host": "Host all-reduce",
     "gpu": "GPU tensors",
     "torch": "torch.distributed backend",
+    "horovod": "Horovod layer (fastreduce.horovod)",
 }
 
 

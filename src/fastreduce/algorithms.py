@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from . import settings, watchdog
+from . import agreement, settings, watchdog
 from .backend import algochoice, engine, mpierrors, reduce
-from .gpupath import PathTable
+from .sizes import SizeTable
 
 __all__ = ["ALGORITHMS", "NETWORK_FROM", "PIECE_BYTES", "AlgorithmTable", "agree",
            "algorithm_mode", "pinned_table", "plan", "set_algorithm", "set_algorithm_table"]
@@ -47,7 +47,7 @@ MAX_STEPS = 32  # MAX_ALGORITHM_STEPS of backend/algochoice.pxd
 PIECE_BYTES = 1 << 20
 
 
-class AlgorithmTable(PathTable):
+class AlgorithmTable(SizeTable):
     """Which algorithm a host all-reduce of each size takes: (from bytes, algorithm) steps."""
 
     CHOICES = ALGORITHMS
@@ -118,22 +118,24 @@ def agree(comm) -> dict:
     try:
         mode = algorithm_mode()
         pinned = pinned_table() if mode == "auto" else None
-        mine, error = (mode, pinned.spec() if pinned else "from the nodes"), None
+        mine, error = {"algorithm": mode,
+                       "table": pinned.spec() if pinned else "from the nodes"}, None
     except ValueError as exc:
-        mine, error = None, str(exc)
+        mine, error = None, exc
     size = comm.Get_size()
     with watchdog.recorded("algorithm agreement (MPI_Comm_split_type, MPI_Allgather)", comm):
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, comm.Get_rank()) if size > 1 else None
         leads = local is None or local.Get_rank() == 0
-        everyone = comm.allgather((mine, error, (local.Get_size() if local else 1, leads)))
+        votes = comm.allgather(agreement.vote(mine, error,
+                                              (local.Get_size() if local else 1, leads)))
     try:
-        _check(everyone, error)
+        agreement.settle(votes, error, refused=_refused, differ=_differ)
     except ValueError:
         if local is not None:
             local.Free()
         raise
-    nodes = sum(1 for _, _, (_, leads) in everyone if leads)
-    most_local = max(n for _, _, (n, _) in everyone)
+    nodes = sum(1 for _, _, (_, leads) in votes if leads)
+    most_local = max(n for _, _, (n, _) in votes)
     steps = _steps(mode, pinned, nodes, most_local)
     used = {name for _, name in steps}
     leaders = cross = ring = None
@@ -145,7 +147,7 @@ def agree(comm) -> dict:
             leaders = comm.Split(0 if local.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
             if leaders == MPI.COMM_NULL:
                 leaders = None
-            if most_local > 1 and len({n for _, _, (n, _) in everyone}) == 1:
+            if most_local > 1 and len({n for _, _, (n, _) in votes}) == 1:
                 cross = comm.Split(local.Get_rank(), comm.Get_rank())  # equal nodes
         if size > 1 and used & {"ring", "hierarchical"}:
             ring = comm.Dup()  # the ring's messages never meet the application's
@@ -169,24 +171,18 @@ def _steps(mode: str, pinned: AlgorithmTable | None, nodes: int, most_local: int
     return ((0, "mpi"), (NETWORK_FROM, "hierarchical"))
 
 
-def _check(everyone: list, error: str | None) -> None:
-    failed = [(rank, err) for rank, (_, err, _) in enumerate(everyone) if err]
-    if error:
-        raise ValueError(error)
-    if failed:
-        raise ValueError(f"fastreduce: rank {failed[0][0]} of this communicator has a bad "
-                         f"algorithm setting ({failed[0][1]})")
-    if len({m for m, _, _ in everyone}) > 1:
-        by_setting: dict = {}
-        for rank, (m, _, _) in enumerate(everyone):
-            by_setting.setdefault(m, []).append(rank)
-        said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r[:8]))}"
-                         f"{'...' if len(r) > 8 else ''}: algorithm {m[0]}, table {m[1]}"
-                         for m, r in by_setting.items())
-        raise ValueError(
-            f"fastreduce: the ranks of this communicator disagree on the all-reduce algorithm, "
-            f"which decides the MPI calls each one makes ({said}); give every rank the same "
-            f"FASTREDUCE_ALGORITHM and FASTREDUCE_ALGORITHM_TABLE (and set_algorithm* calls)")
+def _refused(ranks: list[int], listing: str) -> ValueError:
+    return ValueError(f"fastreduce: {agreement.ranks_text(ranks)} of this communicator "
+                      f"{'has' if len(ranks) == 1 else 'have'} a bad algorithm setting "
+                      f"({listing})")
+
+
+def _differ(found: agreement.Differences) -> ValueError:
+    said = found.by_rank(lambda f: f"algorithm {f['algorithm']}, table {f['table']}")
+    return ValueError(
+        f"fastreduce: the ranks of this communicator disagree on the all-reduce algorithm, "
+        f"which decides the MPI calls each one makes ({said}); give every rank the same "
+        f"FASTREDUCE_ALGORITHM and FASTREDUCE_ALGORITHM_TABLE (and set_algorithm* calls)")
 
 
 def plan(comm=None) -> dict:

@@ -5,7 +5,9 @@ in MPI: it may return wrong data, hang, or crash the process (Open MPI's MPI_Car
 with different remain_dims dies of SIGFPE). `agree()` exchanges a small description of
 the call first, with one MPI_Allgather (in debug mode a watched MPI_Iallgather, see
 set_debug), and every rank raises the same CollectiveMismatch when the descriptions
-differ, or when any rank refused its arguments.
+differ, or when any rank refused its arguments (the votes and their comparison are
+`fastreduce.agreement`'s; what is checks' own is the call's description, debug mode's
+watched exchange and the deadlock reports).
 """
 
 from __future__ import annotations
@@ -16,40 +18,12 @@ import time
 
 from mpi4py import MPI
 
-from . import settings, watchdog
+from . import agreement, settings, watchdog
+from .agreement import ranks_text
 from .backend import collectives
 from .errors import CollectiveMismatch
 
-__all__ = ["CollectiveMismatch", "agree", "debug", "error_text", "fingerprint", "raise_refusals",
-           "set_debug"]
-
-
-def _ranks_by_value(values: list) -> dict:
-    grouped: dict = {}
-    for rank, value in enumerate(values):
-        grouped.setdefault(repr(value), []).append(rank)
-    return grouped
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
-def error_text(error: BaseException | None) -> str | None:
-    """How a rank's refusal travels to the others."""
-    return None if error is None else f"{type(error).__name__}: {error}"
-
-
-def raise_refusals(texts: list, error: BaseException | None, make) -> None:
-    """After an exchange of every rank's error_text(): nothing if none refused; else this
-    rank's own `error`, or make(ranks text, listing) on the ranks that did not refuse."""
-    refused = [(r, e) for r, e in enumerate(texts) if e is not None]
-    if not refused:
-        return
-    if error is not None:
-        raise error
-    listing = "; ".join(f"rank {r}: {e}" for r, e in refused)
-    raise make(_ranks_text([r for r, _ in refused]), listing)
+__all__ = ["CollectiveMismatch", "agree", "debug", "fingerprint", "set_debug"]
 
 
 def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None = None) -> None:
@@ -57,40 +31,28 @@ def agree(comm: MPI.Comm, what: str, fields: dict, error: BaseException | None =
     `error` (its own validation failure, raised here on that rank after the exchange so the
     others are not left waiting). Otherwise every rank raises: the refusing ranks their own
     error, the others CollectiveMismatch."""
-    mine = (what, fields, error_text(error))
+    mine = agreement.vote({"call": what, **fields}, error)
     with watchdog.recorded(f"agreement on {what} (MPI_Allgather)", comm):
         if _debug and _channel is not None:  # wait where a deadlock can be seen
-            everyone = _gather_watching(comm, mine)
+            everyone = _gather_watching(comm, mine, what, fields)
             if everyone is None:  # every rank sent the same bytes
                 if error is None:
                     return
                 everyone = [mine] * comm.Get_size()  # every rank refused alike
         else:
             everyone = comm.allgather(mine)
-    raise_refusals([e for _, _, e in everyone], error, lambda ranks, listing: CollectiveMismatch(
-        f"fastreduce: {what}: {ranks} refused the call, so no rank makes it ({listing})"))
-    if all(other == mine for other in everyone):
-        return
-    differences = {}
-    whats = [w for w, _, _ in everyone]
-    if len(set(whats)) > 1:
-        differences["call"] = _ranks_by_value(whats)
-    keys = sorted({k for _, f, _ in everyone for k in f})
-    for key in keys:
-        values = [f.get(key, "<missing>") for _, f, _ in everyone]
-        if any(v != values[0] for v in values):
-            differences[key] = _ranks_by_value(values)
-    parts = []
-    for key, by_value in differences.items():
-        seen = ", ".join(f"{_ranks_text(ranks)} passed {value}"
-                         for value, ranks in by_value.items())
-        parts.append(f"{key}: {seen}")
+    agreement.settle(everyone, error, refused=lambda ranks, listing: CollectiveMismatch(
+        f"fastreduce: {what}: {ranks_text(ranks)} refused the call, so no rank makes it "
+        f"({listing})"), differ=lambda found: _mismatch(comm, what, found))
+
+
+def _mismatch(comm: MPI.Comm, what: str, found: agreement.Differences) -> CollectiveMismatch:
     # the same text on every rank: name the call only where every rank made it
-    called = "made different calls" if "call" in differences else f"called {what} differently"
-    raise CollectiveMismatch(
+    called = "made different calls" if "call" in found.fields else f"called {what} differently"
+    return CollectiveMismatch(
         f"fastreduce: the ranks of a communicator of {comm.Get_size()} {called} "
-        f"({'; '.join(parts)}); every rank must make the same collective calls in the same "
-        f"order with the same arguments", differences)
+        f"({found.text()}); every rank must make the same collective calls in the same "
+        f"order with the same arguments", found.fields)
 
 
 # --- debug mode ---------------------------------------------------------------------------
@@ -179,7 +141,7 @@ def fingerprint(comm: MPI.Comm, call: str, **fields) -> None:
 _SLOT = 256  # bytes per rank in the non-blocking exchange; longer descriptions take two steps
 
 
-def _gather_watching(comm: MPI.Comm, mine: tuple) -> list | None:
+def _gather_watching(comm: MPI.Comm, mine: tuple, what: str, fields: dict) -> list | None:
     """comm.allgather(mine), non-blocking, with _await's watch while the others arrive;
     None when every rank passed the same bytes (the common case, decoded no further)."""
     data = pickle.dumps(mine)
@@ -194,7 +156,7 @@ def _gather_watching(comm: MPI.Comm, mine: tuple) -> list | None:
     _receive_reports()  # reports sent while this rank was not waiting: keep the queue short
     request = comm.Iallgather([slot, MPI.BYTE], [gathered, MPI.BYTE])
     try:
-        _await(request, comm, mine[0], mine[1])
+        _await(request, comm, what, fields)
     except CollectiveMismatch:
         _abandoned.append((request, slot, gathered))
         raise
@@ -318,7 +280,7 @@ def _members_text(members: tuple) -> str:
     ranks = list(members)
     if ranks == list(range(ranks[0], ranks[0] + len(ranks))) and len(ranks) > 2:
         return f"ranks {ranks[0]}-{ranks[-1]}"
-    return _ranks_text(ranks)
+    return ranks_text(ranks)
 
 
 def _deadlock_text(blocked: dict[int, tuple]) -> str:
@@ -326,7 +288,7 @@ def _deadlock_text(blocked: dict[int, tuple]) -> str:
     for rank, state in blocked.items():
         by_place.setdefault(state, []).append(rank)
     places = "; ".join(
-        f"{_ranks_text(ranks)} wait{'s' if len(ranks) == 1 else ''} in {what} ({detail}) on "
+        f"{ranks_text(ranks)} wait{'s' if len(ranks) == 1 else ''} in {what} ({detail}) on "
         f"{repr(name) + ' ' if name else 'a communicator '}of {_members_text(members)}"
         for (what, detail, name, members), ranks in by_place.items())
     return (f"fastreduce: collectives that can never complete: {places}; each of these ranks "

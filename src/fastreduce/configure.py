@@ -7,8 +7,9 @@ at first use get a callable that reads them then (so their errors keep that timi
 
 from __future__ import annotations
 
-from . import algorithms, calibration, settings
-from .backend import algochoice, buffer, cudart, engine, pathchoice, reduce, reductions
+from . import algorithms, settings
+from .backend import algochoice, buffer, cudart, engine, reduce, reductions
+from .gpupaths import agreement as gpu_path_agreement
 
 
 def hand_down_settings() -> None:
@@ -27,6 +28,6 @@ def hand_down_settings() -> None:
     # read at first use
     engine.set_setting_source(settings.value)  # FASTREDUCE_ENGINE(_HOST_BYTES)
     cudart.set_library_source(lambda: settings.value("FASTREDUCE_CUDART"))
-    pathchoice.set_agreement(calibration.agree)  # rank agreement on the GPU path settings
+    gpu_path_agreement.install()  # rank agreement on the GPU path settings
     algochoice.set_agreement(algorithms.agree)  # ... on the all-reduce algorithm
 

@@ -1,5 +1,6 @@
-"""Where this process runs: node-local rank, whether the MPI can read GPU memory (see
-fastreduce.gpupath), and the GPU paths' settings and counters, in one place.
+"""Where this process runs, and the host all-reduce's segment size: node-local rank and
+size, `segment_bytes` and `set_segment_bytes`. The GPU paths' questions and switches (whether
+the MPI can read GPU memory, the path settings, the counters) are `fastreduce.gpupaths`'.
 
 Everything comes from MPI itself, never from launcher variables, so it is the
 same under mpiexec, srun or any other launcher.
@@ -12,27 +13,9 @@ import functools
 from mpi4py import MPI
 
 from . import watchdog
-from .backend.cudart import copy_counts as gpu_copy_counts
-from .backend.cudart import plan_staging, set_staging_chunk
-from .backend.cudart import reset_copy_counts as reset_gpu_copy_counts
-from .backend.cudart import runtime_info as cuda_runtime_info
 from .backend.reduce import segment_bytes, set_segment_bytes
-from .calibration import calibrate
-from .errors import CalibrationError
-from .gpupath import (
-    cuda_aware,
-    gpu_path_settings,
-    set_cuda_aware,
-    set_device_pointer_calls,
-    set_gpu_path,
-    set_gpu_thresholds,
-)
 
-__all__ = ["CalibrationError", "calibrate", "cuda_aware", "cuda_runtime_info",
-           "gpu_copy_counts", "gpu_path_settings", "local_rank", "local_size", "plan_staging",
-           "reset_gpu_copy_counts", "segment_bytes", "set_cuda_aware",
-           "set_device_pointer_calls", "set_gpu_path", "set_gpu_thresholds", "set_segment_bytes",
-           "set_staging_chunk"]
+__all__ = ["local_rank", "local_size", "segment_bytes", "set_segment_bytes"]
 
 
 @functools.cache

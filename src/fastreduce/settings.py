@@ -1,5 +1,6 @@
-"""Every ``FASTREDUCE_*`` environment variable, declared once: its type, default, parser and
-meaning (as `mpi4py.rc` is for mpi4py).
+"""Every environment variable fastreduce reads, declared once: its type, default, parser and
+meaning (as `mpi4py.rc` is for mpi4py). These are the ``FASTREDUCE_*`` variables, and the
+``HOROVOD_*`` variables of Horovod's that `fastreduce.horovod` honours.
 
 `value` reads one setting from the environment and parses it: an invalid value raises
 `fastreduce.errors.SettingError` (a ValueError) naming the variable and what to give.
@@ -133,6 +134,27 @@ def _text(text: str | None) -> str | None:
     return (text or "").strip() or None
 
 
+def _count(name: str, hint: str, default: int) -> Callable[[str | None], Any]:
+    """A whole number >= 0; unset or blank gives the default."""
+    def parse(text: str | None):
+        text = (text or "").strip()
+        if not text:
+            return default
+        try:
+            number = int(text)
+        except ValueError:
+            raise _fail(name, text, hint) from None
+        if number < 0:
+            raise _fail(name, text, hint)
+        return number
+    return parse
+
+
+def _exact_one(text: str | None) -> bool:
+    """On only when exactly "1" (other values are taken for off, as Horovod does)."""
+    return text == "1"
+
+
 def _lenient_flag(text: str | None) -> bool:
     """Anything but unset, blank or 0 turns it on."""
     return (text or "").strip() not in ("", "0")
@@ -224,7 +246,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FASTREDUCE_CUDART", "path", "searched",
             "The CUDA runtime library to load, instead of searching for it.",
             _text, "gpu"),
-    # --- torch.distributed backend
+    # --- torch.distributed backend (listed after the Horovod layer's: see below)
     Setting("FASTREDUCE_STORE_ADDR", "address[:port]", "rank 0's addresses",
             "Where the other ranks reach rank 0's torch.distributed store: an address or "
             "hostname of rank 0 (`[IPv6]:PORT` with a port); with a port, rank 0 opens the "
@@ -237,6 +259,24 @@ SETTINGS: tuple[Setting, ...] = (
             "raises BackendError (at most init_process_group's timeout).",
             _seconds("FASTREDUCE_STORE_TIMEOUT", "give a number of seconds > 0", False),
             "torch"),
+    # --- the Horovod layer: Horovod's own variables, read by fastreduce.horovod
+    Setting("HOROVOD_FUSION_THRESHOLD", "bytes", "25MiB",
+            "DistributedOptimizer's bucket size: gradients are reduced in buckets of about "
+            "this many bytes (0: a bucket per parameter).",
+            _count("HOROVOD_FUSION_THRESHOLD", "give a whole number of bytes >= 0 (0 turns "
+                   "fusion off)", 25 << 20), "horovod"),
+    Setting("HOROVOD_TIMELINE", "path", "none",
+            "At init(), start the timeline: rank 0 writes a Chrome trace of every collective "
+            "to this file.",
+            _text, "horovod"),
+    Setting("HOROVOD_TIMELINE_MARK_CYCLES", "0 or 1", "0",
+            "Mark cycles in the timeline: accepted for Horovod's scripts (there are no cycles "
+            "to mark).",
+            _exact_one, "horovod"),
+    Setting("HOROVOD_DYNAMIC_PROCESS_SETS", "0 or 1", "0",
+            "Allow add_process_set() and remove_process_set() after init(), as "
+            "init(process_sets='dynamic') does (anything but unset, blank or 0 turns it on).",
+            _lenient_flag, "horovod"),
 )
 
 _BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

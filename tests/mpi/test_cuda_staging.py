@@ -105,11 +105,11 @@ def producer() -> Stream:
 
 @pytest.fixture
 def gpu_path():
-    """Sets fastreduce.runtime's device-pointer calls and GPU path; both back to the
+    """Sets fastreduce.gpupaths' device-pointer calls and GPU path; both back to the
     environment's after the case."""
-    yield fastreduce.runtime
-    fastreduce.runtime.set_device_pointer_calls(None)
-    fastreduce.runtime.set_gpu_path(None)
+    yield fastreduce.gpupaths
+    fastreduce.gpupaths.set_device_pointer_calls(None)
+    fastreduce.gpupaths.set_gpu_path(None)
 
 
 # --- every dtype and op, every form, against the host path ---------------------------

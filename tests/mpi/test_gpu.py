@@ -92,7 +92,7 @@ def gpu_path(request):
     """"staged": set_cuda_aware(False), the staged path forced; "as-detected": the paths
     fastreduce chooses for this MPI. Gives the device-pointer support in force."""
     fastreduce.set_cuda_aware(False if request.param == "staged" else None)
-    yield fastreduce.gpupath.device_pointer_support()
+    yield fastreduce.gpupaths.device_pointer_support()
     fastreduce.set_cuda_aware(None)
 
 
@@ -109,7 +109,7 @@ def test_cuda_runtime(checks, gpu_path, request):
         checks.check(fastreduce.cuda_aware() == (False, "fastreduce.set_cuda_aware()"),
                      f"cuda_aware() is {fastreduce.cuda_aware()} after set_cuda_aware(False)")
     if rank == 0:
-        print(f"GPU paths: {fastreduce.gpupath.gpu_path_settings()}", flush=True)
+        print(f"GPU paths: {fastreduce.gpupaths.gpu_path_settings()}", flush=True)
     fastreduce.allreduce_(torch.ones(1, device=DEV))  # loads the CUDA runtime
     info = frcuda.runtime_info()
     checks.check(info["path"] is not None, f"runtime_info() after a GPU call: {info}")
@@ -339,9 +339,9 @@ def staged_case(checks, support, dtype: torch.dtype, op: str, shape: tuple, form
     blocking = form in BLOCKING_FORMS
     want = cpu_path(x.cpu(), op, blocking)
     before = x.clone()
-    frcuda.reset_copy_counts()
+    fastreduce.gpupaths.reset_gpu_copy_counts()
     result = call(checks, form, x, op)
-    counts = frcuda.copy_counts()
+    counts = fastreduce.gpupaths.gpu_copy_counts()
     if counts["direct_calls"]:  # as-detected: the device pointer went to MPI
         checks.check(blocking or support.nonblocking,
                      f"{case}: a non-blocking call went direct; the MPI does not promise it "
@@ -524,16 +524,16 @@ def test_counts(checks, gpu_path):
             for _ in range(3):  # warm-up: the staging memory for this size
                 fn(x)
             torch.cuda.synchronize()
-            frcuda.reset_copy_counts()
+            fastreduce.gpupaths.reset_gpu_copy_counts()
             fn(x)
-            counts = frcuda.copy_counts()
+            counts = fastreduce.gpupaths.gpu_copy_counts()
             check_counts(checks, counts, nbytes, chunks, what, chunks)
             pinned = counts["pinned_bytes"]
-            frcuda.reset_copy_counts()
+            fastreduce.gpupaths.reset_gpu_copy_counts()
             for _ in range(50):
                 fn(x)
             torch.cuda.synchronize()
-            counts = frcuda.copy_counts()
+            counts = fastreduce.gpupaths.gpu_copy_counts()
             checks.check(counts["pinned_allocs"] == 0 and counts["pinned_bytes"] == pinned,
                          f"{what}: 50 calls after warm-up allocated pinned memory: {counts}")
             checks.check(counts["d2h_copies"] == counts["h2d_copies"] == 50 * chunks
@@ -555,9 +555,9 @@ def coalesced_case(checks, op: str, integral: bool) -> None:
     specs = [(d, s) for d, s in COALESCED if fastreduce.supports(dtype_name(d), op)]
     tensors = [make_input(d, op, s, rank, (case, i), integral) for i, (d, s) in enumerate(specs)]
     on_cpu = fastreduce.allreduce_coalesced_([t.cpu().clone() for t in tensors], op)
-    frcuda.reset_copy_counts()
+    fastreduce.gpupaths.reset_gpu_copy_counts()
     result = fastreduce.allreduce_coalesced_(tensors, op)
-    counts = frcuda.copy_counts()
+    counts = fastreduce.gpupaths.gpu_copy_counts()
     checks.check(len(result) == len(tensors) and all(a is b for a, b in zip(result, tensors,
                                                                            strict=True)),
                  f"{case}: did not return the tensors")

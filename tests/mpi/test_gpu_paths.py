@@ -18,7 +18,7 @@ before fastreduce; on 1 to 4 ranks):
   capture      a call on a stream capturing a CUDA graph raises before queueing anything
 
 The real MPI under the fakes need not be CUDA-aware: fake device memory is host memory.
-The table of MPI promises, size tables and settings (fastreduce.gpupath) need neither fake:
+The table of MPI promises, size tables and settings (fastreduce.gpupaths) need neither fake:
 one rank, default profile.
 """
 
@@ -37,10 +37,11 @@ from fakecuda import FakeCudaArray, FakeCudaTensor, Stream
 from mpi4py import MPI
 
 import fastreduce
-from fastreduce import calibration as calib
-from fastreduce import gpupath, runtime
+from fastreduce import gpupaths
 from fastreduce.backend import cudart as _cuda
-from fastreduce.gpupath import PathTable, mpi_promises, parse_size
+from fastreduce.gpupaths import PathTable, capabilities, mpi_promises
+from fastreduce.gpupaths import calibration as calib
+from fastreduce.sizes import parse_size
 
 RANK, SIZE = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
 BF16 = (4, 16, 1)
@@ -92,10 +93,10 @@ def logged(fn):
     """(what fn returned, pointer-log counts, fastreduce's path counts) of fn()."""
     fakecuda.quiesce()
     fakempi.reset()
-    _cuda.reset_copy_counts()
+    gpupaths.reset_gpu_copy_counts()
     out = fn()
     fakecuda.quiesce()
-    return out, fakempi.counts(), _cuda.copy_counts()
+    return out, fakempi.counts(), gpupaths.gpu_copy_counts()
 
 
 def copy_of(g: FakeCudaArray) -> FakeCudaArray:
@@ -118,12 +119,12 @@ def forms(g, op):
 
 def reset_gpu_settings() -> None:
     """Every run-time GPU path setting back to the environment's (and nothing calibrated)."""
-    runtime.set_gpu_path(None)
-    runtime.set_gpu_thresholds(None)
-    runtime.set_device_pointer_calls(None)
-    runtime.set_cuda_aware(None)
+    gpupaths.set_gpu_path(None)
+    gpupaths.set_gpu_thresholds(None)
+    gpupaths.set_device_pointer_calls(None)
+    gpupaths.set_cuda_aware(None)
     fastreduce.algorithms.set_algorithm(None)
-    gpupath._calibrated.clear()
+    calib._calibrated.clear()
 
 
 @pytest.fixture
@@ -145,8 +146,8 @@ def use_family(monkeypatch, name: str) -> None:
     text, environ, *_ = FAMILIES[name]
     for variable, value in environ.items():
         monkeypatch.setenv(variable, value)
-    monkeypatch.setattr(gpupath, "_library_version", lambda: text)
-    runtime.set_cuda_aware(True)
+    monkeypatch.setattr(capabilities, "_library_version", lambda: text)
+    gpupaths.set_cuda_aware(True)
 
 
 # --- families: device pointers reach only the calls each MPI promises ----------------------
@@ -157,7 +158,7 @@ def test_family_promises(checks, gpu_settings, family):
     """The table's promises for the family's MPI, CUDA-aware."""
     _, _, blocking_ok, nonblocking_ok, half_ok = FAMILIES[family]
     use_family(gpu_settings, family)
-    support = gpupath.device_pointer_support()
+    support = gpupaths.device_pointer_support()
     checks.check((support.blocking, support.nonblocking, support.half)
                  == (blocking_ok, nonblocking_ok, half_ok), f"{family}: table says {support}")
 
@@ -170,7 +171,7 @@ def test_family_device_pointers(checks, gpu_settings, family, name):
     promises to take them (MPI's own op and datatype), results equal the host path's."""
     _, _, blocking_ok, nonblocking_ok, half_ok = FAMILIES[family]
     dtype, dl, half = DTYPES[name]
-    runtime.set_gpu_path("direct")
+    gpupaths.set_gpu_path("direct")
     use_family(gpu_settings, family)
     for op in ("sum", "max", "avg"):
         if not fastreduce.supports(name, op):
@@ -209,7 +210,7 @@ def test_family_device_pointers(checks, gpu_settings, family, name):
 def test_host_side_work_goes_staged(checks, gpu_settings, what, algorithm, wire):
     """An MPI promising blocking calls on device memory, direct mode: algorithms and
     compression that combine on the host still take CUDA memory staged."""
-    runtime.set_gpu_path("direct")
+    gpupaths.set_gpu_path("direct")
     use_family(gpu_settings, "MPICH 4.2")
     fastreduce.algorithms.set_algorithm(algorithm)
     values = np.linspace(-1, 1, 3001, dtype=np.float32) * (RANK + 1)
@@ -233,8 +234,8 @@ def test_host_side_work_goes_staged(checks, gpu_settings, what, algorithm, wire)
 @over_the_fakes
 def test_staged_mode(checks, gpu_settings):
     """"staged" hands MPI no device pointer, blocking or not, whatever the MPI promises."""
-    runtime.set_device_pointer_calls("blocking,nonblocking")
-    runtime.set_gpu_path("staged")
+    gpupaths.set_device_pointer_calls("blocking,nonblocking")
+    gpupaths.set_gpu_path("staged")
     g = FakeCudaArray.from_numpy(values_of(1001, RANK, np.float32))
     _, log, paths = logged(lambda: (fastreduce.allreduce_(g), fastreduce.iallreduce_(g).wait()))
     # (the non-blocking one reduces pinned memory too: in MPI_Allreduce calls of the progress
@@ -255,19 +256,19 @@ def test_staged_mode(checks, gpu_settings):
 ], ids=["set_gpu_thresholds", "FASTREDUCE_GPU_THRESHOLDS", "FASTREDUCE_GPU_THRESHOLDS_FILE"])
 def test_pinned_size_table(checks, gpu_settings, tmp_path, spec, source):
     """A pinned size table splits the calls by size, and no calibration runs."""
-    runtime.set_device_pointer_calls("blocking,nonblocking")
-    runtime.set_gpu_path("auto")
+    gpupaths.set_device_pointer_calls("blocking,nonblocking")
+    gpupaths.set_gpu_path("auto")
     measured = []
     gpu_settings.setattr(calib, "_measure", lambda *args: measured.append(args))
     if source == "set":
-        runtime.set_gpu_thresholds(spec)
+        gpupaths.set_gpu_thresholds(spec)
     elif source == "FASTREDUCE_GPU_THRESHOLDS":
         gpu_settings.setenv(source, spec)
     else:
         path = tmp_path / "thresholds.txt"
         path.write_text(spec)
         gpu_settings.setenv(source, str(path))
-    runtime.set_gpu_path("auto")  # read the environment again
+    gpupaths.set_gpu_path("auto")  # read the environment again
     for nbytes, want_direct in ((4, True), (4092, True), (4096, False), (65536, False),
                                 ((1 << 20) - 4, False), (1 << 20, True), (3 << 20, True)):
         for index in range(5):  # allreduce_, allreduce, out=, iallreduce_, iallreduce
@@ -323,8 +324,8 @@ def fake_timings(gpu_settings) -> FakeTimings:
     """Auto mode, an MPI promising device pointers, nothing calibrated, fake timings."""
     timings = FakeTimings()
     gpu_settings.setattr(calib, "_measure", timings)
-    runtime.set_device_pointer_calls("blocking,nonblocking")
-    runtime.set_gpu_path("auto")
+    gpupaths.set_device_pointer_calls("blocking,nonblocking")
+    gpupaths.set_gpu_path("auto")
     return timings
 
 
@@ -354,15 +355,15 @@ def test_calibration_gives_every_rank_one_table(checks, comm, fake_timings):
     _, log, paths = logged(lambda: fastreduce.allreduce_(big))
     checks.check(log["allreduce"]["device"] == 0 and paths["staged_calls"] == 1,
                  f"above the switch: staged, got {log} {paths}")
-    tables = comm.allgather(gpupath._calibrated[-1][1])
+    tables = comm.allgather(calib._calibrated[-1][1])
     checks.check(all(list(t) == want for t in tables), f"every rank's table is {want}: {tables}")
 
     # calibrate() and fastreduce-info's settings describe it
     calibration = calib.calibrate(details=True)
     checks.check(list(calibration.table.steps) == want and len(calibration.direct) == len(
         calib.CALIBRATION_SIZES), f"calibrate(details=True): {calibration}")
-    checks.check("calibrated" in gpupath.gpu_path_settings()["size table"],
-                 f"settings: {gpupath.gpu_path_settings()}")
+    checks.check("calibrated" in gpupaths.gpu_path_settings()["size table"],
+                 f"settings: {gpupaths.gpu_path_settings()}")
 
 
 @over_the_fakes
@@ -386,7 +387,7 @@ def test_one_calibration_per_group(checks, comm, fake_timings):
                      and all(c[0] == half.Get_size() for c in calls),
                      f"a new group: one calibration on its {half.Get_size()} ranks, "
                      f"got {len(calls)}")
-        got = gpupath._calibrated[-1][1]  # fake_seconds slows the direct calls of half's rank 1
+        got = calib._calibrated[-1][1]  # fake_seconds slows the direct calls of half's rank 1
         checks.check(list(got) == expected_table(range(half.Get_size())),
                      f"half {RANK % 2}: {got}")
         half.Free()
@@ -477,9 +478,9 @@ def test_calibration_allocation_failure(checks, comm, gpu_settings, fake_timings
         "thresholds-file-missing"])
 def test_bad_setting(checks, gpu_settings, fake_timings, variable, value, words):
     """A bad setting: the variable and the fix are named, nothing runs."""
-    runtime.set_device_pointer_calls(None)
+    gpupaths.set_device_pointer_calls(None)
     gpu_settings.setenv(variable, value)
-    runtime.set_gpu_path(None)
+    gpupaths.set_gpu_path(None)
     x = FakeCudaArray.from_numpy(values_of(10, RANK, np.float32))
     checks.expect(ValueError, words, lambda: fastreduce.allreduce_(x), x)
 
@@ -491,10 +492,10 @@ def test_bad_setting(checks, gpu_settings, fake_timings, variable, value, words)
 ], ids=["disagree", "bad-on-rank-0"])
 def test_settings_of_one_rank(checks, gpu_settings, fake_timings, label, variable, value):
     """Ranks that disagree, or one rank's bad setting: every rank raises, none hangs."""
-    runtime.set_device_pointer_calls(None)
+    gpupaths.set_device_pointer_calls(None)
     if RANK == 0:
         gpu_settings.setenv(variable, value)
-    runtime.set_gpu_path(None)
+    gpupaths.set_gpu_path(None)
     x = FakeCudaArray.from_numpy(values_of(10, RANK, np.float32))
     if label == "disagree":
         words = ["disagree on the GPU path settings", "rank 0: mode staged",
@@ -520,8 +521,8 @@ CAPTURED_FORMS = {
 def current_stream(gpu_settings):
     """A stream that is the current one until the case ends, and x written on it; staged
     mode, an MPI promising device pointers."""
-    runtime.set_device_pointer_calls("blocking,nonblocking")
-    runtime.set_gpu_path("staged")
+    gpupaths.set_device_pointer_calls("blocking,nonblocking")
+    gpupaths.set_gpu_path("staged")
     stream = Stream()
     fakecuda.set_current_stream(stream)
     x = FakeCudaTensor.from_numpy(values_of(1001, RANK, np.float32), stream=stream)
@@ -538,7 +539,7 @@ def test_call_while_capturing(checks, current_stream, form, mode):
     capture goes on undisturbed."""
     stream, x = current_stream
     fn = CAPTURED_FORMS[form]
-    runtime.set_gpu_path(mode)
+    gpupaths.set_gpu_path(mode)
     fakecuda.reset_counters()
     stream.begin_capture()
     checks.expect(RuntimeError, ["captured into a CUDA graph", "outside the captured region"],
@@ -553,7 +554,7 @@ def test_call_while_capturing(checks, current_stream, form, mode):
 def test_call_after_capture(checks, current_stream):
     """After a capture that refused a call ends, the call works."""
     stream, x = current_stream
-    runtime.set_gpu_path("direct")
+    gpupaths.set_gpu_path("direct")
     stream.begin_capture()
     with contextlib.suppress(RuntimeError):
         fastreduce.allreduce_(x)
@@ -672,32 +673,32 @@ def test_path_table(checks):
 @one_rank
 def test_gpu_path_mode_setting(checks, gpu_settings):
     """auto by default; FASTREDUCE_GPU_PATH, any case; set_gpu_path() wins; a bad mode named."""
-    checks.check(gpupath.gpu_path_mode() == ("auto", "default"),
-                 f"default mode {gpupath.gpu_path_mode()}")
+    checks.check(gpupaths.gpu_path_mode() == ("auto", "default"),
+                 f"default mode {gpupaths.gpu_path_mode()}")
     gpu_settings.setenv("FASTREDUCE_GPU_PATH", "Staged")
-    checks.check(gpupath.gpu_path_mode() == ("staged", "FASTREDUCE_GPU_PATH"),
+    checks.check(gpupaths.gpu_path_mode() == ("staged", "FASTREDUCE_GPU_PATH"),
                  "mode from the environment")
-    runtime.set_gpu_path("direct")
-    checks.check(gpupath.gpu_path_mode()[0] == "direct", "set_gpu_path wins over the environment")
-    runtime.set_gpu_path(None)
+    gpupaths.set_gpu_path("direct")
+    checks.check(gpupaths.gpu_path_mode()[0] == "direct", "set_gpu_path wins over the environment")
+    gpupaths.set_gpu_path(None)
     gpu_settings.delenv("FASTREDUCE_GPU_PATH")
     checks.expect(ValueError, ["'fastest'", "auto, direct, staged"],
-                  lambda: runtime.set_gpu_path("fastest"))
+                  lambda: gpupaths.set_gpu_path("fastest"))
 
 
 @one_rank
 def test_pinned_thresholds_setting(checks, gpu_settings):
     """Nothing pinned by default; FASTREDUCE_GPU_THRESHOLDS pins, not with ..._FILE too;
     set_gpu_thresholds() wins."""
-    checks.check(gpupath.pinned_thresholds() is None, "nothing pinned by default")
+    checks.check(gpupaths.pinned_thresholds() is None, "nothing pinned by default")
     gpu_settings.setenv("FASTREDUCE_GPU_THRESHOLDS", "0:direct,1MiB:staged")
-    checks.check(gpupath.pinned_thresholds().steps == ((0, "direct"), (1 << 20, "staged")),
+    checks.check(gpupaths.pinned_thresholds().steps == ((0, "direct"), (1 << 20, "staged")),
                  "pinned by env")
     gpu_settings.setenv("FASTREDUCE_GPU_THRESHOLDS_FILE", "/tmp/x")
-    checks.expect(ValueError, ["both", "set one"], gpupath.pinned_thresholds)
+    checks.expect(ValueError, ["both", "set one"], gpupaths.pinned_thresholds)
     gpu_settings.delenv("FASTREDUCE_GPU_THRESHOLDS_FILE")
-    runtime.set_gpu_thresholds("staged")
-    checks.check(gpupath.pinned_thresholds().spec() == "staged", "set_gpu_thresholds wins")
+    gpupaths.set_gpu_thresholds("staged")
+    checks.check(gpupaths.pinned_thresholds().spec() == "staged", "set_gpu_thresholds wins")
 
 
 @one_rank
@@ -705,23 +706,23 @@ def test_device_pointers_setting(checks, gpu_settings):
     """FASTREDUCE_DEVICE_POINTERS overrides the table; set_device_pointer_calls() wins; a bad
     list is named."""
     gpu_settings.setenv("FASTREDUCE_DEVICE_POINTERS", "blocking, 16bit")
-    got = gpupath.device_pointer_support()
+    got = gpupaths.device_pointer_support()
     checks.check((got.blocking, got.nonblocking, got.half) == (True, False, True)
                  and "FASTREDUCE_DEVICE_POINTERS" in got.why, f"override by env: {got}")
     gpu_settings.setenv("FASTREDUCE_DEVICE_POINTERS", "none")
-    checks.check(gpupath.device_pointer_support().calls() == "none", "none")
-    runtime.set_device_pointer_calls(["blocking", "nonblocking"])
-    got = gpupath.device_pointer_support()
+    checks.check(gpupaths.device_pointer_support().calls() == "none", "none")
+    gpupaths.set_device_pointer_calls(["blocking", "nonblocking"])
+    got = gpupaths.device_pointer_support()
     checks.check((got.blocking, got.nonblocking, got.half) == (True, True, False), f"set: {got}")
-    runtime.set_device_pointer_calls(None)
+    gpupaths.set_device_pointer_calls(None)
     gpu_settings.delenv("FASTREDUCE_DEVICE_POINTERS")
     checks.expect(ValueError, ["'blocking,everything'", "'none'"],
-                  lambda: runtime.set_device_pointer_calls("blocking,everything"))
+                  lambda: gpupaths.set_device_pointer_calls("blocking,everything"))
 
 
 @one_rank
 def test_gpu_path_settings_in_words(checks, gpu_settings):
     """gpu_path_settings(), for fastreduce-info: the mode, the device pointers, the table."""
-    settings = gpupath.gpu_path_settings()
+    settings = gpupaths.gpu_path_settings()
     checks.check(set(settings) == {"mode", "device pointers", "size table"}, f"{settings}")
     checks.check("first eligible call" in settings["size table"], f"{settings}")

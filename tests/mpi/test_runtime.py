@@ -1,4 +1,4 @@
-"""Node-local rank and the CUDA-aware answer, under mpiexec.
+"""Node-local rank, the CUDA-aware answer and the Horovod layer's settings, under mpiexec.
 
 The test_launcher_agnostic_* cases (core all-reduce and node-local rank, whatever launched
 us: mpiexec or srun) also run across nodes; cuda_aware()'s order of answers, with fake MPI
@@ -14,8 +14,10 @@ import pytest
 import torch
 
 import fastreduce
-from fastreduce import gpupath
+from fastreduce import settings
 from fastreduce.backend import mpierrors as _errors
+from fastreduce.errors import SettingError
+from fastreduce.gpupaths import capabilities
 
 
 def launcher_agnostic(case):
@@ -103,10 +105,34 @@ def test_cuda_aware_memory_kinds(checks, monkeypatch):
     monkeypatch.setattr(_errors, "mpi_cuda_query", lambda: None)
     for kinds, want in [("system,mpi,cuda:device", True), ("system,cuda", True),
                         ("system,mpi", False), (None, False)]:
-        monkeypatch.setattr(gpupath, "_memory_alloc_kinds", lambda kinds=kinds: kinds)
+        monkeypatch.setattr(capabilities, "_memory_alloc_kinds", lambda kinds=kinds: kinds)
         got, how = fastreduce.cuda_aware()
         checks.check(got is want, f"kinds {kinds!r}: {got} ({how})")
     monkeypatch.setattr(_errors, "mpi_cuda_query",
                         lambda: (True, "MPIX_Query_cuda_support()"))
     checks.check(fastreduce.cuda_aware() == (True, "MPIX_Query_cuda_support()"),
                  "vendor query")
+
+
+# --- the HOROVOD_* variables fastreduce.horovod reads, through the settings table ------------
+
+@one_rank
+def test_horovod_settings(checks):
+    """HOROVOD_FUSION_THRESHOLD, HOROVOD_TIMELINE(_MARK_CYCLES) and
+    HOROVOD_DYNAMIC_PROCESS_SETS parse as fastreduce.horovod read them."""
+    def value(name, text=None):
+        return settings.value(name, {} if text is None else {name: text})
+
+    fusion = "HOROVOD_FUSION_THRESHOLD"
+    checks.check(value(fusion) == 25 << 20 and value(fusion, " ") == 25 << 20,
+                 f"fusion default: {value(fusion)}")
+    checks.check(value(fusion, "0") == 0 and value(fusion, " 4096 ") == 4096, "fusion bytes")
+    for bad in ("-1", "1M", "lots"):
+        checks.expect(SettingError, [f"{fusion}={bad!r}", ">= 0"],
+                      lambda bad=bad: value(fusion, bad))
+    dynamic = [value("HOROVOD_DYNAMIC_PROCESS_SETS", t) for t in (None, "", "0", "1", "yes")]
+    checks.check(dynamic == [False, False, False, True, True], f"dynamic sets: {dynamic}")
+    marks = [value("HOROVOD_TIMELINE_MARK_CYCLES", t) for t in (None, "0", "1", "yes")]
+    checks.check(marks == [False, False, True, False], f"mark cycles: {marks}")
+    checks.check(value("HOROVOD_TIMELINE") is None
+                 and value("HOROVOD_TIMELINE", " t.json ") == "t.json", "timeline path")

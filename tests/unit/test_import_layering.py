@@ -1,11 +1,12 @@
 """The package's layers, read from its imports: nothing imports a layer above its own, and
 no modules import each other in a cycle.
 
-    backend/ (compiled core)  <  the Python core  <  torch/  <  `fastreduce` and the public
-    names of the torch modules  <  tools/  <  the public names of the tools
+    backend/ (compiled core)  <  the Python core  <  torch/  <  `fastreduce`  <  tools/
 
 Read from the source tree (Python with ast, Cython with its import lines), every import
-counted, including those inside functions.
+counted, including those inside functions. The public names of the modules in torch/ and
+tools/ (fastreduce.nn, fastreduce.bench, ...) are `fastreduce/__init__.py`'s table, which
+`import` reads through a finder: they are no files, and each names a module there.
 """
 
 import ast
@@ -15,11 +16,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "fastreduce"
-# `fastreduce`, and the modules keeping the public names fastreduce.nn etc. working
-PUBLIC = {"fastreduce", "fastreduce.nn", "fastreduce.distributed", "fastreduce.distdl",
-          "fastreduce.ops", "fastreduce.autograd", "fastreduce.gradsync", "fastreduce.horovod"}
-TOOL_NAMES = {"fastreduce.bench", "fastreduce.cluster", "fastreduce.info"}
-LAYERS = ("backend", "core", "torch", "public", "tools", "tool names")
+PUBLIC = {"fastreduce"}
+LAYERS = ("backend", "core", "torch", "public", "tools")
 CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+(\.*[\w.]*)\s+c?import\s+([\w., ()*]+)|"
                            r"c?import\s+([\w.]+))", re.M)
 
@@ -32,8 +30,6 @@ def module_name(path: Path) -> str:
 def layer(module: str) -> str:
     if module in PUBLIC:
         return "public"
-    if module in TOOL_NAMES:
-        return "tool names"
     for sub in ("backend", "torch", "tools"):
         if module.startswith(f"fastreduce.{sub}.") or module == f"fastreduce.{sub}":
             return sub
@@ -117,6 +113,39 @@ def test_no_import_reaches_a_layer_above():
     assert not upward, "\n".join(upward)
 
 
+def public_modules() -> dict[str, str]:
+    """fastreduce/__init__.py's table: public name -> real module (relative), read statically."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_PUBLIC_MODULES" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("fastreduce/__init__.py has no _PUBLIC_MODULES table")
+
+
+def test_public_names_are_the_table():
+    """Each public name names a module of torch/ or tools/, and is no file of its own (the
+    table is the one list of them)."""
+    modules = set(graph())
+    table = public_modules()
+    assert table, "the table is empty"
+    for public, real in table.items():
+        assert f"fastreduce.{real}" in modules, f"fastreduce.{public}: no module {real}"
+        assert layer(f"fastreduce.{real}") in ("torch", "tools"), (public, real)
+        assert f"fastreduce.{public}" not in modules, (
+            f"fastreduce.{public} is a file as well as a name in the table")
+
+
+def test_only_gpupaths_talks_to_the_path_choice():
+    """The Python core reaches the compiled GPU path choice (backend.pathchoice) only
+    through fastreduce.gpupaths."""
+    edges = graph()
+    callers = sorted(m for m, targets in edges.items()
+                     if "fastreduce.backend.pathchoice" in targets and layer(m) != "backend"
+                     and not m.startswith("fastreduce.gpupaths"))
+    assert not callers, callers
+
+
 def test_no_import_cycles():
     edges = graph()
     cycles, state, stack = [], {}, []
@@ -138,15 +167,15 @@ def test_no_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
-MODULES = {"fastreduce", "fastreduce.checks", "fastreduce.gpupath", "fastreduce.backend",
+MODULES = {"fastreduce", "fastreduce.checks", "fastreduce.gpupaths", "fastreduce.backend",
            "fastreduce.backend.buffer", "fastreduce.backend.collectives"}
 
 
 @pytest.mark.parametrize("suffix, source, expected", [
     (".pyx", "from ..checks import fingerprint\n", {"fastreduce.checks"}),
-    (".pyx", "    from .. import gpupath\n", {"fastreduce.gpupath"}),
+    (".pyx", "    from .. import gpupaths\n", {"fastreduce.gpupaths"}),
     (".pyx", "from .buffer cimport BufferView\n", {"fastreduce.backend.buffer"}),
-    (".py", "def f():\n    import fastreduce.gpupath\n", {"fastreduce.gpupath"}),
+    (".py", "def f():\n    import fastreduce.gpupaths\n", {"fastreduce.gpupaths"}),
     (".py", "from .. import checks as c\n", {"fastreduce.checks"}),
 ])
 def test_the_reader_sees_every_import(suffix, source, expected):

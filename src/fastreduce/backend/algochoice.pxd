@@ -2,6 +2,7 @@
 
 from libc.stdint cimport int64_t
 
+from .commrecord cimport StepTable
 from .libmpi cimport MPI_Comm
 
 cdef enum:
@@ -10,9 +11,7 @@ cdef enum:
 ctypedef struct Plan:
     # What the ranks of one communicator agreed on, for one generation of the settings.
     int64_t generation     # first, as commrecord.pxd requires
-    int nsteps                             # the size table:
-    int64_t start[MAX_ALGORITHM_STEPS]     # from this many bytes up ...
-    int algorithm[MAX_ALGORITHM_STEPS]     # ... this FR_ALGO_*, up to the next step's start
+    StepTable table         # the size table: FR_ALGO_* by size (MAX_ALGORITHM_STEPS steps)
     int64_t segment_bytes   # the mpi algorithm's segments unless FASTREDUCE_SEGMENT_BYTES
     int64_t piece_bytes     # the ring's message pieces
     MPI_Comm local          # this rank's node (MPI_COMM_NULL: not made)

@@ -7,6 +7,12 @@ settings with the other ranks and learns the communicator's nodes (collective: t
 the node-local and leaders' communicators are kept in an MPI attribute of the
 communicator, so later calls cost one attribute look-up and a table walk. Changing a
 setting (forget()) makes each communicator agree again at its next call.
+
+The agreement (set_agreement) returns what every rank of comm agreed on: {"steps":
+((start bytes, algorithm name), ...), "segment_bytes", "piece_bytes", "local": node
+communicator or None, "leaders": leaders' communicator or None, "cross": the communicator
+of this local rank on every node, or None, "ring": a duplicate of comm for the ring's
+point-to-point messages, or None}; the communicators become the plan's (freed with comm).
 """
 
 from libc.stdint cimport int64_t
@@ -14,7 +20,7 @@ from libc.stdlib cimport free, malloc
 
 from mpi4py cimport MPI
 
-from .commrecord cimport cached_record, keep_record
+from .commrecord cimport RecordHead, cached_record, fill_steps, keep_record, step_choice
 from .libmpi cimport *
 
 cdef extern from "algorithms.h" nogil:
@@ -27,9 +33,6 @@ cdef extern from "algorithms.h" nogil:
 ALGORITHMS = {"mpi": FR_ALGO_MPI, "ring": FR_ALGO_RING, "rsag": FR_ALGO_RSAG,
               "hierarchical": FR_ALGO_HIERARCHICAL}
 _NAMES = {code: name for name, code in ALGORITHMS.items()}
-
-cdef int64_t _generation = 1     # bumped by forget(): every communicator agrees again
-cdef int _keyval = MPI_KEYVAL_INVALID
 
 cdef extern from *:
     """
@@ -49,10 +52,11 @@ cdef extern from *:
     long long fr_cached_epoch
     MPI_Comm fr_cached_comm
     void* fr_cached_plan
-_agreement = None  # set-up's callable: comm -> dict every rank agrees on (see set_agreement)
+
+include "agreement.pxi"
 
 
-cdef int _free_plan(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
+cdef int _free_record(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
     fr_epoch_bump()  # every thread's cached look-up is stale
     cdef Plan* plan = <Plan*>value
     if plan.local != MPI_COMM_NULL:
@@ -67,24 +71,8 @@ cdef int _free_plan(MPI_Comm comm, int keyval, void* value, void* extra) noexcep
     return MPI_SUCCESS
 
 
-def set_agreement(agreement) -> None:
-    """Install `agreement(comm)`, the collective that returns what every rank of comm agreed
-    on: {"steps": ((start bytes, algorithm name), ...), "segment_bytes", "piece_bytes",
-    "local": node communicator or None, "leaders": leaders' communicator or None,
-    "cross": the communicator of this local rank on every node, or None, "ring": a
-    duplicate of comm for the ring's point-to-point messages, or None}; the
-    communicators become the plan's (freed with comm). Asked at a communicator's first
-    all-reduce and again after forget()."""
-    global _agreement
-    _agreement = agreement
-    forget()
-
-
-def forget() -> None:
-    """Settings changed: each communicator agrees on them again at its next all-reduce."""
-    global _generation
-    _generation += 1
-    fr_epoch_bump()
+cdef void _forgotten() noexcept nogil:
+    fr_epoch_bump()  # every thread's cached look-up is stale
 
 
 cdef MPI_Comm _take(object comm) noexcept:
@@ -95,20 +83,17 @@ cdef MPI_Comm _take(object comm) noexcept:
 
 
 cdef Plan* _new_plan(dict agreed) except NULL:
-    steps = agreed["steps"]
-    if not 1 <= len(steps) <= MAX_ALGORITHM_STEPS:
-        raise ValueError(f"fastreduce: an algorithm table has 1 to {MAX_ALGORITHM_STEPS} "
-                         f"steps, not {len(steps)}")
     cdef Plan* plan = <Plan*>malloc(sizeof(Plan))
     if plan == NULL:
         raise MemoryError("fastreduce: out of memory for an algorithm table")
-    plan.generation = _generation
-    plan.nsteps = len(steps)
-    for i, (start, name) in enumerate(steps):
-        plan.start[i] = start
-        plan.algorithm[i] = ALGORITHMS[name]
-    plan.segment_bytes = agreed["segment_bytes"]
-    plan.piece_bytes = agreed["piece_bytes"]
+    try:
+        fill_steps(&plan.table, agreed["steps"], ALGORITHMS, MAX_ALGORITHM_STEPS,
+                   "an algorithm table")
+        plan.segment_bytes = agreed["segment_bytes"]
+        plan.piece_bytes = agreed["piece_bytes"]
+    except BaseException:
+        free(plan)
+        raise
     plan.local = _take(agreed["local"])
     plan.leaders = _take(agreed["leaders"])
     plan.cross = _take(agreed["cross"])
@@ -131,15 +116,12 @@ cdef const Plan* plan_for(MPI_Comm handle) except NULL:
 
 cdef const Plan* _look_up(MPI_Comm handle) except NULL:
     """The communicator's attribute, else a plan agreed now (collective)."""
-    cdef void* kept = cached_record(handle, &_keyval, _free_plan, _generation)
+    cdef void* kept = _kept(handle)
     if kept != NULL:
         return <const Plan*>kept
-    if _agreement is None:
-        raise RuntimeError("fastreduce: no algorithm agreement installed "
-                           "(algochoice.set_agreement)")
     cdef MPI.Intracomm comm = MPI.Intracomm.__new__(MPI.Intracomm)
     comm.ob_mpi = handle  # a view of the handle: not freed with this object
-    agreed = _agreement(comm)
+    agreed = _agree_now(comm, "algorithm")
     cdef Plan* plan
     try:
         plan = _new_plan(agreed)
@@ -148,16 +130,13 @@ cdef const Plan* _look_up(MPI_Comm handle) except NULL:
             if agreed.get(name) is not None:
                 agreed[name].Free()
         raise
-    keep_record(handle, _keyval, _free_plan, plan)  # frees an older plan
+    _keep(handle, plan)  # frees an older plan
     return plan
 
 
 cdef int choose_algorithm(const Plan* plan, int64_t nbytes) noexcept nogil:
     """The FR_ALGO_* of the plan's table for a message of nbytes."""
-    cdef int i = plan.nsteps - 1
-    while i > 0 and nbytes < plan.start[i]:
-        i -= 1
-    return plan.algorithm[i]
+    return step_choice(&plan.table, nbytes)
 
 
 def plan(comm) -> dict:
@@ -167,8 +146,8 @@ def plan(comm) -> dict:
     cdef const Plan* p = plan_for(<MPI_Comm>(<MPI.Comm>comm).ob_mpi)
     cdef int i
     steps = []
-    for i in range(p.nsteps):
-        steps.append((p.start[i], _NAMES[p.algorithm[i]]))
+    for i in range(p.table.nsteps):
+        steps.append((p.table.start[i], _NAMES[p.table.choice[i]]))
     return {
         "steps": tuple(steps),
         "segment_bytes": p.segment_bytes,

@@ -30,7 +30,6 @@ ctypedef struct Staging:
 cdef int require_device(int device_type, int device_id, str role) except -1
 cdef cudaStream_t consumer_stream(int device_id) except? NULL
 cdef int check_not_capturing(cudaStream_t stream, str role) except -1
-cdef void count_path(bint direct) noexcept nogil
 cdef int use_device(int device) except -1 nogil
 
 cdef Staging* staging_take(int device_id, size_t nbytes) except NULL

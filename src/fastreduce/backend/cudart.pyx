@@ -4,7 +4,8 @@ fastreduce has no build-time dependency on CUDA. The first CUDA tensor makes thi
 module find libcudart (the one already in the process, e.g. torch's or cupy's,
 first) and resolve the dozen functions it needs; machines without CUDA never get
 here. Every copy and every host wait goes through this module, where it is counted
-(copy_counts), so tests can prove which path moved which bytes.
+(copy_counts; with the path each call took: fastreduce.gpupaths.gpu_copy_counts), so tests
+can prove which path moved which bytes.
 """
 
 import os
@@ -72,8 +73,6 @@ cdef uint64_t _stream_syncs = 0
 cdef uint64_t _event_syncs = 0
 cdef uint64_t _pinned_allocs = 0
 cdef uint64_t _pinned_bytes = 0
-cdef uint64_t _direct_calls = 0    # GPU calls whose device pointers went to MPI
-cdef uint64_t _staged_calls = 0    # GPU calls staged through pinned host memory
 
 _SYMBOLS = (
     "cudaGetDevice", "cudaStreamCreateWithFlags", "cudaStreamSynchronize",
@@ -228,14 +227,6 @@ cdef int check_not_capturing(cudaStream_t stream, str role) except -1:
 cdef int use_device(int device) except -1 nogil:
     """Make `device` current for this thread (the progress engine's, for a job's device)."""
     return _check(_SetDevice(device), b"cudaSetDevice")
-
-
-cdef void count_path(bint direct) noexcept nogil:
-    global _direct_calls, _staged_calls
-    if direct:
-        _direct_calls += 1
-    else:
-        _staged_calls += 1
 
 
 # --- device memory for calibration ----------------------------------------------------
@@ -447,22 +438,20 @@ def set_staging_chunk(int64_t nbytes) -> int:
 
 
 def copy_counts() -> dict:
-    """Copies, host waits and the path of each call (direct_calls: device pointers to MPI;
-    staged_calls: through pinned memory) made by the GPU paths since reset_copy_counts()."""
+    """Copies, host waits and pinned memory of the GPU paths since reset_copy_counts() (the
+    path each call took: pathchoice.path_counts(); both: fastreduce.gpupaths.gpu_copy_counts)."""
     return {"d2h_copies": _d2h_copies, "h2d_copies": _h2d_copies, "d2h_bytes": _d2h_bytes,
             "h2d_bytes": _h2d_bytes, "stream_syncs": _stream_syncs,
             "event_syncs": _event_syncs, "pinned_allocs": _pinned_allocs,
-            "pinned_bytes": _pinned_bytes, "direct_calls": _direct_calls,
-            "staged_calls": _staged_calls}
+            "pinned_bytes": _pinned_bytes}
 
 
 def reset_copy_counts() -> None:
     """Zero copy_counts() (pinned_bytes, the memory held now, is kept)."""
     global _d2h_copies, _h2d_copies, _d2h_bytes, _h2d_bytes, _stream_syncs, _event_syncs
-    global _pinned_allocs, _direct_calls, _staged_calls
+    global _pinned_allocs
     _d2h_copies = _h2d_copies = _d2h_bytes = _h2d_bytes = 0
     _stream_syncs = _event_syncs = _pinned_allocs = 0
-    _direct_calls = _staged_calls = 0
 
 
 def find_runtime() -> str:

@@ -1,6 +1,6 @@
 # Which way a GPU all-reduce goes: device pointers straight to MPI ("direct") or through
 # pinned host memory ("staged"). Decided in C per call; the settings, the table of what
-# each MPI promises and the calibration are fastreduce.gpupath's (Python), read once.
+# each MPI promises and the calibration are fastreduce.gpupaths' (Python), read once.
 
 from libc.stdint cimport int64_t
 

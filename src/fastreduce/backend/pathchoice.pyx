@@ -1,7 +1,7 @@
 """The per-call choice between the direct and the staged GPU path.
 
 A call may hand device pointers to MPI only where the MPI promises to accept them for
-that kind of call (fastreduce.gpupath's capability table, or the user's override), and
+that kind of call (fastreduce.gpupaths.capabilities, or the user's override), and
 only with MPI's own operations. Among the calls where both paths are allowed, the mode
 (FASTREDUCE_GPU_PATH) decides, and in "auto" mode a size table.
 
@@ -10,16 +10,25 @@ reach the same one. The first eligible call on each communicator therefore agree
 settings with the other ranks (one allgather; a difference raises on every rank) and, in
 auto mode with no pinned table, calibrates; the outcome is kept in an MPI attribute of the
 communicator, so later calls cost one attribute look-up. Changing a setting (forget())
-makes each communicator agree again at its next call.
+makes each communicator agree again at its next call. The agreement installed at set-up
+(set_agreement) is fastreduce.gpupaths.agreement.agree: it gives (mode, device pointer
+support, auto mode's size table) that every rank of the communicator agreed on.
 """
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from .algochoice cimport choose_algorithm, plan_for
-from .cudart cimport count_path
+from .commrecord cimport (
+    MAX_TABLE_STEPS,
+    RecordHead,
+    StepTable,
+    cached_record,
+    fill_steps,
+    keep_record,
+    step_choice,
+)
 from .dtypes cimport KIND_BFLOAT16, KIND_FLOAT16
-from .commrecord cimport cached_record, keep_record
 from .libmpi cimport *
 from .reductions cimport Reduction
 
@@ -31,7 +40,6 @@ cdef enum:
     MODE_AUTO = 0
     MODE_DIRECT = 1
     MODE_STAGED = 2
-    MAX_STEPS = 64
 
 ctypedef struct Agreed:
     # What the ranks of one communicator agreed on, for one generation of the settings.
@@ -40,79 +48,54 @@ ctypedef struct Agreed:
     bint blocking        # blocking MPI_Allreduce may take device pointers
     bint nonblocking     # ... MPI_Iallreduce too
     bint half            # ... with MPI's own 16-bit float datatypes too
-    int nsteps           # auto mode's size table:
-    int64_t start[MAX_STEPS]   # from this many bytes up ...
-    int path[MAX_STEPS]        # ... this path, up to the next step's start
+    StepTable table      # auto mode's size table: PATH_* by size
 
 _MODES = {"auto": MODE_AUTO, "direct": MODE_DIRECT, "staged": MODE_STAGED}
 _PATHS = {"staged": PATH_STAGED, "direct": PATH_DIRECT}
 
-cdef int64_t _generation = 1     # bumped by forget(): every communicator agrees again
-cdef int _keyval = MPI_KEYVAL_INVALID
+# path_counts(): the path each GPU call took since the last reset
+cdef uint64_t _direct_calls = 0    # device pointers went to MPI
+cdef uint64_t _staged_calls = 0    # staged through pinned host memory
+
+include "agreement.pxi"
 
 
-cdef int _free_agreed(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
+cdef int _free_record(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
     free(value)
     return MPI_SUCCESS
 
 
+cdef void _forgotten() noexcept nogil:
+    pass
+
+
 cdef Agreed* _new_agreed(mode, support, steps) except NULL:
-    """A C record from gpupath._agree's answer."""
-    if not 1 <= len(steps) <= MAX_STEPS:
-        raise ValueError(f"fastreduce: a GPU path table has 1 to {MAX_STEPS} steps, "
-                         f"not {len(steps)}")
+    """A C record from the agreement's answer."""
     cdef Agreed* agreed = <Agreed*>malloc(sizeof(Agreed))
     if agreed == NULL:
         raise MemoryError("fastreduce: out of memory for a GPU path table")
-    agreed.generation = _generation
-    agreed.mode = _MODES[mode]
+    try:
+        fill_steps(&agreed.table, steps, _PATHS, MAX_TABLE_STEPS, "a GPU path table")
+        agreed.mode = _MODES[mode]
+    except BaseException:
+        free(agreed)
+        raise
     agreed.blocking = support.blocking
     agreed.nonblocking = support.nonblocking
     agreed.half = support.half
-    agreed.nsteps = len(steps)
-    for i, (start, path) in enumerate(steps):
-        agreed.start[i] = start
-        agreed.path[i] = _PATHS[path]
     return agreed
-
-
-_agreement = None  # set-up's callable: comm -> (mode, support, steps) every rank agrees on
-
-
-def set_agreement(agreement) -> None:
-    """Install `agreement(comm)`, the collective that gives (mode, device pointer support,
-    auto mode's size table) agreed by every rank of comm; asked at a communicator's first
-    GPU call and again after forget()."""
-    global _agreement
-    _agreement = agreement
-    forget()
-
-
-def forget() -> None:
-    """Settings changed: each communicator agrees on them again at its next GPU call."""
-    global _generation
-    _generation += 1
 
 
 cdef const Agreed* _agreed(object comm, MPI_Comm handle) except NULL:
     """The communicator's agreed settings: its attribute, else agreed now (collective)."""
-    cdef void* kept = cached_record(handle, &_keyval, _free_agreed, _generation)
+    cdef void* kept = _kept(handle)
     if kept != NULL:
         return <const Agreed*>kept
-    if _agreement is None:
-        raise RuntimeError("fastreduce: no GPU path settings agreement installed "
-                           "(pathchoice.set_agreement)")
-    mode, support, steps = _agreement(comm)  # comm None: the default communicator
+    # (mode, device pointer support, auto mode's size table); comm None: the default one
+    mode, support, steps = _agree_now(comm, "GPU path settings")
     cdef Agreed* agreed = _new_agreed(mode, support, steps)
-    keep_record(handle, _keyval, _free_agreed, agreed)  # frees an older record
+    _keep(handle, agreed)  # frees an older record
     return agreed
-
-
-cdef inline int _lookup(const Agreed* agreed, int64_t nbytes) noexcept nogil:
-    cdef int i = agreed.nsteps - 1
-    while i > 0 and nbytes < agreed.start[i]:
-        i -= 1
-    return agreed.path[i]
 
 
 cdef int _decide(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
@@ -130,12 +113,28 @@ cdef int _decide(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
         return PATH_STAGED
     if agreed.mode == MODE_DIRECT:
         return PATH_DIRECT
-    return _lookup(agreed, nbytes)
+    return step_choice(&agreed.table, nbytes)
 
 
 cdef int choose_path(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
                      const Reduction* red, int kind) except -1:
     """PATH_DIRECT or PATH_STAGED for one call on CUDA device memory (counted)."""
+    global _direct_calls, _staged_calls
     cdef int path = _decide(comm, handle, nbytes, nonblocking, red, kind)
-    count_path(path == PATH_DIRECT)
+    if path == PATH_DIRECT:
+        _direct_calls += 1
+    else:
+        _staged_calls += 1
     return path
+
+
+def path_counts() -> dict:
+    """How many GPU calls took each path since reset_path_counts() (direct_calls: device
+    pointers to MPI; staged_calls: through pinned host memory)."""
+    return {"direct_calls": _direct_calls, "staged_calls": _staged_calls}
+
+
+def reset_path_counts() -> None:
+    """Zero path_counts()."""
+    global _direct_calls, _staged_calls
+    _direct_calls = _staged_calls = 0

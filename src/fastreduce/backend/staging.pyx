@@ -35,7 +35,7 @@ from .cudart import current_device
 # - direct: the device pointer goes to MPI after the producer's stream is done; no
 #   copies. Only where the MPI promises to take device pointers for that call
 #   (blocking or not, 16-bit or not) and with MPI's own ops, and where the mode
-#   and size table choose it (_gpupath.choose_path);
+#   and size table choose it (pathchoice.choose_path);
 # - staged: device -> pinned host on the producer's stream, MPI on the host,
 #   host -> device; large messages in a ring of pipelined chunks (_cuda.chunk_bytes).
 # Results are ordered before later work on the producer's stream; when the stream

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from .. import gpupath
+from .. import gpupaths
 from ..backend import engine as _engine
 from ..backend.collectives import default_comm, iallreduce_
 from ..backend.reductions import COMPRESSIONS
@@ -154,8 +154,8 @@ class GradientSync:
     def sync_parameters(self) -> None:
         """Copy rank 0's parameters and buffers to every rank (collective)."""
         # device pointers only to an MPI that promises blocking collectives on them
-        through_host = (not gpupath.device_pointer_support().blocking
-                        or gpupath.gpu_path_mode()[0] == "staged")
+        through_host = (not gpupaths.device_pointer_support().blocking
+                        or gpupaths.gpu_path_mode()[0] == "staged")
         with torch.no_grad():
             for t in list(self.module.parameters()) + list(self.module.buffers()):
                 data = t.data if t.is_contiguous() else t.data.contiguous()

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         where = "all ranks"
     p = comm.Get_size()
     gloo = _init_torch(world, peers)
-    aware, how = fastreduce.runtime.cuda_aware()
+    aware, how = fastreduce.gpupaths.cuda_aware()
     nodes = topology.gather()
     meta = {
         "fastreduce": fastreduce.__version__,
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     gpu = args.device == "cuda"
     if gpu:
-        meta["gpu_paths"] = fastreduce.gpupath.gpu_path_settings()
+        meta["gpu_paths"] = fastreduce.gpupaths.gpu_path_settings()
         meta["gpu_modes"] = args.gpu_modes
     if rank == 0:
         print(f"# fastreduce-bench: fastreduce {meta['fastreduce']}, torch {meta['torch']}")

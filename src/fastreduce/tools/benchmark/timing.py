@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ... import runtime
+from ... import gpupaths
 
 
 def _iterations(args, nbytes: int) -> tuple[int, int]:
@@ -41,16 +41,16 @@ def _time_mode(args, comm, call, iters: int, warmup: int, mode: str) -> dict:
     if args.device != "cuda":
         return {"times": comm.allgather(_time(comm, call, iters, warmup)), "path": ""}
     if mode is not None:
-        runtime.set_gpu_path(mode)
+        gpupaths.set_gpu_path(mode)
     try:
         for _ in range(warmup):  # a calibration (auto, first use) happens here, untimed
             call()
-        runtime.reset_gpu_copy_counts()
+        gpupaths.reset_gpu_copy_counts()
         t = _time(comm, call, iters, 0, args.device)
-        counts = runtime.gpu_copy_counts()
+        counts = gpupaths.gpu_copy_counts()
     finally:
         if mode is not None:
-            runtime.set_gpu_path(None)
+            gpupaths.set_gpu_path(None)
     direct = comm.allreduce(counts["direct_calls"])
     staged = comm.allreduce(counts["staged_calls"])
     path = "mixed" if direct and staged else "direct" if direct else "staged"

@@ -12,7 +12,7 @@ Every operation is one MPI call on the group's communicator with the tensors' ow
 all-reduce through fastreduce's core (zero-copy DLPack, GPU paths as for allreduce, the
 progress engine for non-blocking requests), the other collectives and point-to-point
 through mpi4py on the tensors' addresses. CUDA tensors go to MPI directly where the MPI
-promises blocking calls on device memory (fastreduce.gpupath), else through host copies.
+promises blocking calls on device memory (fastreduce.gpupaths), else through host copies.
 """
 
 from __future__ import annotations

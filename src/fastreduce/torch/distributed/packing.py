@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ... import gpupath
+from ... import gpupaths
 from ...backend import collectives as _collectives
 from ...errors import BackendError
 from ..dense import check_dense
@@ -65,7 +65,7 @@ def _memory(t):
 
 def _device_direct() -> bool:
     """Whether blocking MPI calls here may take CUDA device pointers."""
-    return gpupath.device_pointer_support().blocking
+    return gpupaths.device_pointer_support().blocking
 
 
 class _HostSide:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 from mpi4py import MPI
 
+from ... import settings
 from . import handles, timeline, world
 from . import process_sets as _process_sets
 from .world import _the_world
@@ -47,10 +46,9 @@ def init(comm=None, process_sets=None) -> None:
         made.free()
         raise
     world.current = made
-    path = os.environ.get("HOROVOD_TIMELINE")
+    path = settings.value("HOROVOD_TIMELINE")
     if path:
-        timeline.start_timeline(path, mark_cycles=os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES")
-                                == "1")
+        timeline.start_timeline(path, mark_cycles=settings.value("HOROVOD_TIMELINE_MARK_CYCLES"))
 
 
 def shutdown() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from ...checks import _ranks_by_value, _ranks_text, error_text, raise_refusals
+from ... import agreement
 from ...errors import CollectiveMismatch, FastreduceError
 
 ACTIVE, JOINED, REFUSED, BLOCKING = 0, 1, 2, 4  # BLOCKING: ACTIVE, and waits at once
@@ -71,43 +71,35 @@ def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dic
     if ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and \
             (everyone[:, 1] == everyone[0, 1]).all():
         return None, False  # some wait at once, some later: all take the non-blocking path
-    return _slow(comm, (status, describe(), error_text(error)), error), False
+    return _slow(comm, status, describe(), error), False
 
 
 def follow(comm: MPI.Intracomm, first: bool):
     """join()'s side of agree(): ("joined", last rank) once every rank has joined, else
     (fields, joined ranks) of the call the other ranks make."""
     _exchange(comm, JOINED, int(first))
-    return _slow(comm, (JOINED, {"first": first}, None), None)
+    return _slow(comm, JOINED, {"first": first}, None)
 
 
-def _slow(comm: MPI.Intracomm, mine: tuple, error):
-    everyone = comm.allgather(mine)
-    raise_refusals([e for _, _, e in everyone], error, lambda ranks, listing: HorovodMismatch(
-        f"fastreduce.horovod: {ranks} refused the collective, so no rank runs it ({listing})"))
-    joined = [r for r, (s, _, _) in enumerate(everyone) if s == JOINED]
-    active = [(r, f) for r, (s, f, _) in enumerate(everyone) if s != JOINED]
+def _slow(comm: MPI.Intracomm, status: int, fields: dict, error):
+    """The slow path: every rank's full description (a vote of fastreduce.agreement, the
+    status its extra), then every rank raises alike, or learns which ranks joined."""
+    everyone = comm.allgather(agreement.vote(fields, error, status))
+    agreement.raise_refusals(everyone, error, lambda ranks, listing: HorovodMismatch(
+        f"fastreduce.horovod: {agreement.ranks_text(ranks)} refused the collective, so no "
+        f"rank runs it ({listing})"))
+    joined = [r for r, (_, _, s) in enumerate(everyone) if s == JOINED]
+    active = [(r, f) for r, (f, _, s) in enumerate(everyone) if s != JOINED]
     if not active:
-        firsts = [r for r, (_, f, _) in enumerate(everyone) if f["first"]]
+        firsts = [r for r, (f, _, _) in enumerate(everyone) if f["first"]]
         return "joined", max(firsts) if firsts else comm.Get_size() - 1
     descriptions = [f for _, f in active]
-    if any(f != descriptions[0] for f in descriptions):
-        raise HorovodMismatch(_difference_text(active, comm.Get_size()))
-    if mine[0] == JOINED:
+    found = agreement.differences(descriptions, [r for r, _ in active])
+    if found is not None:
+        raise HorovodMismatch(
+            f"fastreduce.horovod: the ranks of a process set of {comm.Get_size()} submitted "
+            f"different collectives ({found.text()}); every rank must submit the same "
+            f"collectives, with the same names, dtypes, shapes and ops, in the same order")
+    if status == JOINED:
         return descriptions[0], joined
     return joined
-
-
-def _difference_text(active: list, size: int) -> str:
-    parts = []
-    for key in sorted({k for _, f in active for k in f}):
-        values = [f.get(key, "<missing>") for _, f in active]
-        if any(v != values[0] for v in values):
-            by_value = _ranks_by_value(values)
-            ranks = [r for r, _ in active]
-            seen = ", ".join(f"{_ranks_text([ranks[i] for i in idx])} passed {value}"
-                             for value, idx in by_value.items())
-            parts.append(f"{key}: {seen}")
-    return (f"fastreduce.horovod: the ranks of a process set of {size} submitted different "
-            f"collectives ({'; '.join(parts)}); every rank must submit the same collectives, "
-            f"with the same names, dtypes, shapes and ops, in the same order")

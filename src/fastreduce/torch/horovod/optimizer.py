@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import warnings
 
 import torch
 
-from ... import checks
+from ... import checks, settings
 from ...backend import engine as _engine
 from ..gradsync import flat_views, plan_buckets
 from .basics import size
@@ -51,7 +50,7 @@ from .process_sets import global_process_set
 
 __all__ = ["DistributedOptimizer"]
 
-DEFAULT_FUSION_BYTES = 25 << 20
+DEFAULT_FUSION_BYTES = settings.value("HOROVOD_FUSION_THRESHOLD", {})  # unset: the default
 _OP_NAMES = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
 _TOO_MANY_PASSES = ("fastreduce.horovod: gradients were computed more than "
                     "backward_passes_per_step times before the call to step() or "
@@ -60,19 +59,9 @@ _TOO_MANY_PASSES = ("fastreduce.horovod: gradients were computed more than "
 
 
 def fusion_bytes() -> int:
-    """The bucket size in bytes: HOROVOD_FUSION_THRESHOLD, else 25 MiB."""
-    value = os.environ.get("HOROVOD_FUSION_THRESHOLD", "").strip()
-    if not value:
-        return DEFAULT_FUSION_BYTES
-    try:
-        nbytes = int(value)
-    except ValueError:
-        raise ValueError(f"fastreduce.horovod: HOROVOD_FUSION_THRESHOLD={value!r} is not a "
-                         f"number of bytes; set an integer (0 turns fusion off)") from None
-    if nbytes < 0:
-        raise ValueError(f"fastreduce.horovod: HOROVOD_FUSION_THRESHOLD={nbytes} is negative; "
-                         f"set a number of bytes >= 0 (0 turns fusion off)")
-    return nbytes
+    """The bucket size in bytes: HOROVOD_FUSION_THRESHOLD, else DEFAULT_FUSION_BYTES (25 MiB);
+    SettingError (a ValueError) for a value that is not a number of bytes >= 0."""
+    return settings.value("HOROVOD_FUSION_THRESHOLD")
 
 
 class _Bucket:

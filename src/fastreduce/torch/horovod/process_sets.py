@@ -3,11 +3,9 @@ over an MPI communicator made once when the set is registered and kept until rem
 
 from __future__ import annotations
 
-import os
-
 from mpi4py import MPI
 
-from ... import checks
+from ... import checks, settings
 from .world import _the_world
 
 
@@ -69,8 +67,7 @@ def _start(world: MPI.Intracomm, process_sets) -> None:
     _sets.clear()
     _sets[0] = global_process_set
     _next_id = 1
-    _dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") \
-        not in (None, "", "0")
+    _dynamic = process_sets == "dynamic" or settings.value("HOROVOD_DYNAMIC_PROCESS_SETS")
     if process_sets in (None, "dynamic"):
         listed = process_sets
     else:

@@ -14,12 +14,12 @@ import mpi4py
 import numpy
 from mpi4py import MPI
 
-from .. import algorithms, calibration, gpupath, runtime, settings, topology
-from .._abi import first_line
-from .._version import __version__
-from ..backend import buffer, collectives, cudart, engine, mpierrors, reduce, reductions
-from ..errors import CalibrationError
-from ..sizes import format_size
+from ... import algorithms, gpupaths, runtime, settings, topology
+from ..._abi import first_line
+from ..._version import __version__
+from ...backend import buffer, collectives, cudart, engine, mpierrors, reduce, reductions
+from ...errors import CalibrationError
+from ...sizes import format_size
 
 __all__ = ["collect", "main"]
 
@@ -29,7 +29,7 @@ def collect() -> dict:
     family, version = mpierrors.build_mpi()
     thread_names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                     MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
-    aware, how = runtime.cuda_aware()
+    aware, how = gpupaths.cuda_aware()
     try:
         import torch  # optional: fastreduce works without it
 
@@ -37,7 +37,7 @@ def collect() -> dict:
         exchange = buffer._uses_exchange_api(torch.empty(0))
         exchange_text = "yes (DLPack C exchange API)" if exchange else "no (__dlpack__ fallback)"
         try:
-            from ..torch.distributed import BACKEND
+            from ...torch.distributed import BACKEND
         except ImportError as exc:  # torch older than the backend needs
             backend = f"n/a ({exc})"
         else:
@@ -61,7 +61,7 @@ def collect() -> dict:
     except ValueError as exc:  # a bad or disagreeing setting: say which
         algorithm, plan = str(exc), {"segment_bytes": runtime.segment_bytes()}
     try:
-        paths = gpupath.gpu_path_settings()
+        paths = gpupaths.gpu_path_settings()
     except ValueError as exc:  # a bad setting: say which
         paths = dict.fromkeys(("mode", "device pointers", "size table"), str(exc))
     return {
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_settings() -> None:
-    """Every FASTREDUCE_* setting: its text in the environment, or its default."""
+    """Every setting (fastreduce.settings): its text in the environment, or its default."""
     rows = settings.describe()
     width = max(len(name) for name, _, _ in rows)
     print("settings:")
@@ -185,7 +185,7 @@ def calibrate_and_print() -> int:
             print(f"fastreduce-info: cannot calibrate: {problems[0]}", file=sys.stderr)
         return 1
     try:
-        result = calibration.calibrate(collectives.default_comm(), details=True)
+        result = gpupaths.calibrate(collectives.default_comm(), details=True)
     except (CalibrationError, ValueError) as exc:
         if world.Get_rank() == 0:
             print(f"fastreduce-info: {exc}", file=sys.stderr)
@@ -204,6 +204,3 @@ def calibrate_and_print() -> int:
         sys.stdout.flush()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,9 @@
-"""The GPU path settings every rank agrees on, and the calibration of the size table.
+"""The calibration of the GPU path size table: both paths timed on every rank of a
+communicator, the slowest rank's answer kept (collective).
 
-Both are collective over a communicator: the settings decide which MPI calls each rank
-makes, so `agree` checks they are the same everywhere, and `calibrate` times both GPU
-paths on every rank and keeps the slowest rank's answer (see `fastreduce.gpupath`).
+`calibrate` runs at the first eligible call on a communicator whose group has no table yet
+(auto mode, nothing pinned), or from `fastreduce-info --calibrate`; each group's table is
+kept for the process, and a communicator of the same members reuses it.
 """
 
 from __future__ import annotations
@@ -14,73 +15,31 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import watchdog
-from .backend import collectives, cudart, engine, reduce, staging
-from .errors import CalibrationError
-from .gpupath import (
-    PATHS,
-    DevicePointerSupport,
-    PathTable,
-    _calibrated,
-    device_pointer_support,
-    gpu_path_mode,
-    pinned_thresholds,
-)
+from .. import watchdog
+from ..backend import collectives, cudart, reduce, staging
+from ..errors import CalibrationError
+from .capabilities import device_pointer_support
+from .modes import PATHS, PathTable
 
-__all__ = ["CALIBRATION_SIZES", "Calibration", "CalibrationError", "agree", "calibrate"]
+__all__ = ["CALIBRATION_SIZES", "Calibration", "CalibrationError", "calibrate",
+           "calibrated_tables"]
 
 # Message sizes the calibration times, both paths each (float32 sums).
 CALIBRATION_SIZES = (8, 256, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 
 
-def agree(comm) -> tuple[str, DevicePointerSupport, tuple]:
-    """(mode, support, auto mode's size table) that every rank of comm agrees on (collective).
-
-    The settings decide which MPI calls each rank makes, so they must be the same on every
-    rank: a difference, or a bad setting on any rank, raises ValueError on every rank.
-    None is the default communicator.
-    """
-    if comm is None:
-        comm = collectives.default_comm()
-    try:
-        mode, _ = gpu_path_mode()
-        support = device_pointer_support()
-        pinned = pinned_thresholds() if mode == "auto" else None
-        progress = "engine" if engine.state()[0] else "no engine"
-        mine = (mode, support.calls(), pinned.spec() if pinned else "calibrated", progress)
-        error = None
-    except ValueError as exc:
-        mine, error = None, str(exc)
-    with watchdog.recorded("GPU path settings agreement (MPI_Allgather)", comm):
-        everyone = comm.allgather((mine, error))
-    failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err]
-    if error:
-        raise ValueError(error)
-    if failed:
-        raise ValueError(f"fastreduce: rank {failed[0][0]} of this communicator has a bad GPU "
-                         f"path setting ({failed[0][1]})")
-    if len({m for m, _ in everyone}) > 1:
-        by_setting: dict = {}
-        for rank, (m, _) in enumerate(everyone):
-            by_setting.setdefault(m, []).append(rank)
-        said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r[:8]))}"
-                         f"{'...' if len(r) > 8 else ''}: mode {m[0]}, device pointers "
-                         f"{m[1]}, size table {m[2]}, {m[3]}" for m, r in by_setting.items())
-        raise ValueError(
-            f"fastreduce: the ranks of this communicator disagree on the GPU path settings, "
-            f"which decide the MPI calls each one makes ({said}); give every rank the same "
-            f"FASTREDUCE_GPU_PATH, FASTREDUCE_GPU_THRESHOLDS(_FILE), FASTREDUCE_DEVICE_POINTERS, "
-            f"FASTREDUCE_CUDA_AWARE and FASTREDUCE_ENGINE (and the same set_* calls)")
-    if mode != "auto" or not (support.blocking or support.nonblocking):
-        steps = ((0, "staged"),)  # not consulted: the mode or the MPI decides
-    elif pinned is not None:
-        steps = pinned.steps
-    else:
-        steps = _thresholds_for(comm)
-    return mode, support, steps
+# Groups already calibrated in this process, with their steps: a communicator whose group
+# has the same members reuses them (no collective). Consistent across ranks: every member
+# of a group took part in its calibration.
+_calibrated: list[tuple[object, tuple]] = []
 
 
-def _thresholds_for(comm) -> tuple:
+def calibrated_tables() -> list[tuple[int, PathTable]]:
+    """(ranks, table) of every communicator group calibrated so far in this process."""
+    return [(group.Get_size(), PathTable(steps)) for group, steps in _calibrated]
+
+
+def thresholds_for(comm) -> tuple:
     """Steps for comm's group: reused, or calibrated now (collective over comm)."""
     group = comm.Get_group()
     for known, steps in _calibrated:
@@ -186,7 +145,7 @@ def _calibrate(comm, details: bool):
                 error = error or f"{type(exc).__name__}: {exc}"
     everyone = comm.allgather((error, medians))
     failed = [(rank, err) for rank, (err, _) in enumerate(everyone) if err]
-    if failed:
+    if failed:  # the same error on every rank, the failing ones too
         ranks = ", ".join(str(rank) for rank, _ in failed)
         raise CalibrationError(
             f"fastreduce: the GPU path calibration failed on rank {ranks} of "
