@@ -34,3 +34,17 @@ def local_rank() -> int:
 def local_size() -> int:
     """How many ranks share this node."""
     return _node_comm().Get_size()
+
+
+# The GPU path names this module used to hold, for a clear error in code written for them.
+_MOVED_TO_GPUPATHS = frozenset({
+    "set_gpu_path", "set_gpu_thresholds", "set_device_pointer_calls", "gpu_path_settings",
+    "calibrate", "CalibrationError", "gpu_copy_counts", "reset_gpu_copy_counts",
+    "plan_staging", "set_staging_chunk", "cuda_runtime_info", "cuda_aware", "set_cuda_aware"})
+
+
+def __getattr__(name: str):
+    if name in _MOVED_TO_GPUPATHS:
+        raise AttributeError(f"fastreduce.runtime.{name} has moved: use "
+                             f"fastreduce.gpupaths.{name}")
+    raise AttributeError(f"module 'fastreduce.runtime' has no attribute {name!r}")

@@ -62,3 +62,11 @@ def test_python_m_runs_the_tools():
     for tool in ("bench", "cluster"):
         proc = run("-m", f"fastreduce.{tool}", "--help")
         assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_gpu_path_names_moved_out_of_runtime_say_where():
+    code = ("import fastreduce.runtime as r\n"
+            "try:\n    r.set_gpu_path\nexcept AttributeError as exc:\n    print(exc)\n")
+    done = run("-c", code)
+    assert done.returncode == 0, done.stderr
+    assert "fastreduce.gpupaths.set_gpu_path" in done.stdout, done.stdout
