@@ -233,22 +233,6 @@ def test_ranks_that_disagree(comm, checks):
     checks.check(bool(np.all(z == comm.size * (comm.size + 1) / 2)), "after a disagreement")
 
 
-@pytest.fixture(scope="module")
-def process_group():
-    """torch.distributed on fastreduce's backend (ended after the module if made here)."""
-    import torch.distributed as dist
-
-    import fastreduce.distributed  # noqa: F401  (registers the backend)
-
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("fastreduce")
-    yield
-    if made:
-        dist.destroy_process_group()
-
-
-@pytest.mark.timeout(600)
 def test_training_with_compression(process_group, comm, checks):
     """GradientSync and DDP's hook with bf16 compression: every rank the same model, and
     200 steps of training end within 1% of float32's loss."""

@@ -414,18 +414,6 @@ class Differential:
 
 
 @pytest.fixture(scope="module")
-def process_group():
-    """torch.distributed on the fastreduce backend, for the module (made here unless some
-    earlier case left one); the groups made over sub-communicators go with it."""
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("fastreduce")
-    yield
-    if made:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def communicators(comm):
     """The communicators cases draw from: the world, a split and a Cartesian sub (its
     partition kept alive meanwhile: freeing a partition frees its subs)."""
