@@ -26,12 +26,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config):
 def fake_cuda(monkeypatch):
     """Launched programs load the fake CUDA runtime (tests/support/fakecuda), with no GPU
     setting inherited."""
-    import fakecuda
     import profiles
 
     for variable in profiles.CLEARED:
         monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("FASTREDUCE_CUDART", fakecuda.library_path())
+    for variable, value in profiles.environment("fakecuda").items():
+        monkeypatch.setenv(variable, value)
 
 
 def pytest_collection_modifyitems(config, items):
