@@ -139,12 +139,11 @@ case " $versions " in
       if [ "$versions" = minimum ]; then extra=("$@"); else extra=("${verbose[@]}"); fi
       run "minimum versions: single process" "$venv/bin/python" -m pytest \
         tests/unit/test_torch_version.py "${extra[@]}"
-      # 2 ranks, and the DistDL names on a 1 x 3 grid (the autograd layers at 3 ranks fail
-      # on torch 2.4: Tensor.__dlpack__ refuses max_version, an open bug)
+      # 2 ranks, and the DistDL names and the autograd layers on a 1 x 3 grid
       run "minimum versions: multi-rank" "$venv/bin/python" tests/support/sessions.py \
         --ranks 2 --profile default -- -m minimum_versions "${extra[@]}"
-      run "minimum versions: DistDL on 3 ranks" "$venv/bin/python" tests/support/sessions.py \
-        --ranks 3 --profile default -- tests/mpi/test_distdl.py -m minimum_versions "${extra[@]}"
+      run "minimum versions: DistDL and autograd on 3 ranks" "$venv/bin/python" tests/support/sessions.py \
+        --ranks 3 --profile default -- tests/mpi/test_distdl.py tests/mpi/test_autograd.py -m minimum_versions "${extra[@]}"
     else
       echo "=== set-up for the minimum versions failed ===" >&2
       status=1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fake_dlpack import IS_COPIED, READ_ONLY, FakeTensor, LegacyOnly
+from fake_dlpack import IS_COPIED, READ_ONLY, FakeTensor, LegacyOnly, RequiresGrad
 from mpi4py import MPI
 
 import fastreduce
@@ -146,9 +146,9 @@ def test_dlpack_exports_that_cannot_be_reduced(checks):
 
 def test_dlpack_exports_that_work(checks, comm):
     """What such producers can legitimately export works: legacy capsules, NULL strides,
-    byte_offset, read-only inputs."""
+    byte_offset, read-only inputs, a tensor requiring grad (read through its detached view)."""
     p = comm.size
-    for fake in (LegacyOnly(np.ones(5)), FakeTensor(np.ones(5), legacy=True),
+    for fake in (LegacyOnly(np.ones(5)), RequiresGrad(np.ones(5)), FakeTensor(np.ones(5), legacy=True),
                  FakeTensor(np.ones(5), strides=None), FakeTensor(np.ones(5), byte_offset=24)):
         fastreduce.allreduce_(fake)
         checks.check(np.array_equal(fake.array, np.full(5, float(p))),

@@ -118,3 +118,20 @@ class LegacyOnly(FakeTensor):
 
     def __dlpack__(self, stream=None):  # noqa: D105
         return super().__dlpack__()
+
+
+class RequiresGrad(LegacyOnly):
+    """Like torch before its C exchange API: refuses to export while it requires grad."""
+
+    requires_grad = True
+
+    def __dlpack__(self, stream=None):  # noqa: D105
+        if self.requires_grad:
+            raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
+        return super().__dlpack__()
+
+    def detach(self):
+        """The same memory, not requiring grad."""
+        view = RequiresGrad(self.array)
+        view.requires_grad = False
+        return view

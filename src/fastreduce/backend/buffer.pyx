@@ -297,6 +297,11 @@ cdef object _acquire_from_capsule(object obj, BufferView* view, bint writable, s
             f"fastreduce: {role} of type {type(obj).__module__}.{type(obj).__qualname__} does "
             f"not support DLPack (no __dlpack__ method); pass a torch tensor, a numpy array "
             f"or another DLPack producer") from None
+    if getattr(obj, "requires_grad", False):
+        # torch's __dlpack__ refuses a tensor that requires grad; its detached view
+        # shares the memory (the C exchange API, where torch has it, never asks)
+        obj = obj.detach()
+        export = obj.__dlpack__
     stream = _export_stream(obj, role)
     try:
         try:
