@@ -111,11 +111,8 @@ for mpi in $mpis; do
   [ "$multinode" = auto ] && [ "$selecting" -eq 1 ] && multinode=0
   if [ "$multinode" != 0 ]; then
     for nodes in 2 3; do
-      # an open bug: on MPICH, 2 nodes x 2 ranks, this case ends in a segmentation fault
-      known=()
-      [ "$mpi" = mpich ] && [ "$nodes" = 2 ] && known=(-k "not test_gradcheck_of_a_composed_model")
       run "$mpi: across $nodes nodes" "$python" tests/support/sessions.py --nodes "$nodes" \
-        -- "${mselect[@]}" "${known[@]}" "${verbose[@]}"
+        -- "${mselect[@]}" "${verbose[@]}"
     done
     run "$mpi: algorithms on nodes of 2 and 1 ranks" "$python" tests/support/sessions.py \
       --nodes 2 --ranks 3 -- tests/mpi/test_algorithms.py "${verbose[@]}"

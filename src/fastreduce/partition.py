@@ -9,7 +9,8 @@ A sub-communicator is created by the first `sub(axes)` for those axes
 (MPI_Cart_sub) and kept in an MPI attribute of the parent communicator, so
 every partition over that communicator shares it, later calls make no MPI
 call, and freeing the parent frees its subs (the attribute's delete
-callback).
+callback, written in C: backend/commattr, not mpi4py's, which asks MPICH about
+the communicator it is freeing and can crash there).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from mpi4py import MPI
 
 from . import watchdog
+from .backend import commattr
 from .backend.collectives import default_comm
 from .checks import agree
 
@@ -31,10 +33,11 @@ _GROUP_TAG = 0x6672  # tag of MPI_Comm_create_group calls made here
 _subs_keyval: int | None = None
 
 
-def _free_subs(comm: MPI.Comm, keyval: int, subs: dict) -> None:
-    """Delete callback of the sub-communicator cache: the parent is being freed."""
+def _free_subs(subs: dict) -> None:
+    """Delete callback of the sub-communicator cache: the parent is being freed (the cache
+    holds sub-communicators only, never the parent itself)."""
     for sub in subs.values():
-        if sub != MPI.COMM_NULL and sub != MPI.COMM_SELF and sub != comm:
+        if sub != MPI.COMM_NULL and sub != MPI.COMM_SELF:
             sub.Free()
     subs.clear()
 
@@ -43,11 +46,11 @@ def _sub_cache(comm: MPI.Comm) -> dict:
     """The dict of sub-communicators attached to `comm` (created on first use)."""
     global _subs_keyval
     if _subs_keyval is None:
-        _subs_keyval = MPI.Comm.Create_keyval(delete_fn=_free_subs)
-    subs = comm.Get_attr(_subs_keyval)
+        _subs_keyval = commattr.create_keyval(_free_subs)
+    subs = commattr.get_attr(comm, _subs_keyval)
     if subs is None:
         subs = {}
-        comm.Set_attr(_subs_keyval, subs)
+        commattr.set_attr(comm, _subs_keyval, subs)
     return subs
 
 
@@ -244,21 +247,20 @@ class CartesianPartition(Partition):
         inactive workers.
         """
         key = self.normalize_axes(axes)
+        if not self.active:
+            return MPI.COMM_NULL
+        if len(key) == self.dim:
+            return self._comm  # every axis: the partition itself (not in the cache it owns)
         subs = self._subs
         comm = subs.get(key)
         if comm is not None:
             return comm
-        if not self.active:
-            return MPI.COMM_NULL
-        if len(key) == self.dim:
-            comm = self._comm  # every axis: the partition itself
-        else:
-            # MPI_Cart_sub with different axes on different ranks (e.g. layers built in a
-            # rank-dependent order) crashes some MPIs: agree first, raise everywhere
-            agree(self._comm, "a sub-communicator (MPI_Cart_sub)", {"axes": list(key)})
-            with watchdog.recorded(f"MPI_Cart_sub: axes {list(key)}", self._comm):
-                comm = self._comm.Sub([axis in key for axis in range(self.dim)])
-            comm.Set_errhandler(MPI.ERRORS_RETURN)
+        # MPI_Cart_sub with different axes on different ranks (e.g. layers built in a
+        # rank-dependent order) crashes some MPIs: agree first, raise everywhere
+        agree(self._comm, "a sub-communicator (MPI_Cart_sub)", {"axes": list(key)})
+        with watchdog.recorded(f"MPI_Cart_sub: axes {list(key)}", self._comm):
+            comm = self._comm.Sub([axis in key for axis in range(self.dim)])
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
         subs[key] = comm
         return comm
 

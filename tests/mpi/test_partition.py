@@ -76,6 +76,47 @@ def test_freeing_the_parent_frees_its_cached_subs(checks):
 
 
 @pytest.mark.across_nodes
+def test_freeing_communicators_whatever_the_mpis_attribute_pool_holds(checks):
+    """MPI_Comm_free runs the delete callbacks of the communicator's attributes: the sub
+    cache of a Cartesian partition, the progress engine's duplicate. Callbacks that asked
+    MPI about the communicator being freed (mpi4py's make an mpi4py object of it:
+    MPI_Topo_test) made MPICH walk an attribute list whose attributes set later (at the
+    communicator's first collectives) it had freed already: a segmentation fault whenever
+    MPICH's pool of attribute objects was full at that moment. One more attribute
+    is held each round, so each loop meets a full pool once whatever the session left in
+    it (MPICH allocates them in blocks of 1024, after a few dozen). Local: COMM_SELF."""
+    from fastreduce.backend.collectives import engine_comm
+    from fastreduce.backend.engine import wait_idle
+
+    holder = MPI.COMM_SELF.Dup()
+    keyvals = []
+    freed = 0
+    try:
+        for n in range(1100):
+            T = fastreduce.Partition(MPI.COMM_SELF).create_cartesian_topology_partition([1])
+            sub = T.sub([])  # MPI_Cart_sub, cached in the partition communicator's attribute
+            T.deactivate()  # MPI_Comm_free: the cache's callback frees sub
+            freed += sub == MPI.COMM_NULL
+            keyvals.append(MPI.Comm.Create_keyval())
+            holder.Set_attr(keyvals[-1], n)
+        for n in range(1100):  # the progress engine's duplicate, freed with its communicator
+            cart = MPI.COMM_SELF.Create_cart([1])
+            dup = engine_comm(cart)
+            fastreduce.allreduce_(np.zeros(1), comm=cart)  # its plan: an attribute set later
+            cart.Free()  # the callback queues the duplicate's MPI_Comm_free on the engine
+            wait_idle()
+            freed += dup == MPI.COMM_NULL
+            keyvals.append(MPI.Comm.Create_keyval())
+            holder.Set_attr(keyvals[-1], n)
+    finally:
+        holder.Free()
+        for keyval in keyvals:
+            MPI.Comm.Free_keyval(keyval)
+    checks.check(freed == 2200, f"{2200 - freed} of 2200 cached subs and duplicates outlived "
+                 f"their communicator")
+
+
+@pytest.mark.across_nodes
 @pytest.mark.minimum_versions
 def test_inclusive_partition(checks, world):
     """The first half of the ranks; the others are inactive."""

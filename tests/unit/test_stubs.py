@@ -8,8 +8,8 @@ import pytest
 from mpirun import launcher_env
 
 MODULES = [f"fastreduce.backend.{name}" for name in (
-    "mpierrors", "buffer", "reductions", "cudart", "pathchoice", "engine", "algochoice", "reduce",
-    "staging", "collectives")]
+    "mpierrors", "commattr", "buffer", "reductions", "cudart", "pathchoice", "engine", "algochoice",
+    "reduce", "staging", "collectives")]
 
 
 def test_stubs_match_the_extension_modules():

@@ -48,8 +48,9 @@ cdef class _FreeComm(Job):
 _dup_keyval = None
 
 
-def _free_duplicate(comm, keyval, dup) -> None:
-    """The communicator is being freed: free the engine's duplicate after its queued jobs."""
+def _free_duplicate(dup) -> None:
+    """The communicator is being freed: free the engine's duplicate after its queued jobs
+    (a commattr callback: an mpi4py one would ask MPI about the communicator mid-free)."""
     cdef _FreeComm job = _FreeComm.__new__(_FreeComm)
     job.comm = dup
     job.orphaned = True  # nobody waits for it
@@ -62,13 +63,13 @@ cdef object _engine_comm(object comm):
     if comm is None:
         comm = default_comm()
     if _dup_keyval is None:
-        _dup_keyval = _MPI.Comm.Create_keyval(delete_fn=_free_duplicate)
-    dup = comm.Get_attr(_dup_keyval)
+        _dup_keyval = _create_keyval(_free_duplicate)
+    dup = _get_attr(comm, _dup_keyval)
     if dup is None:
         with _setup_recorded("MPI_Comm_dup: the progress engine's", comm):
             dup = comm.Dup()
         dup.Set_errhandler(_MPI.ERRORS_RETURN)
-        comm.Set_attr(_dup_keyval, dup)
+        _set_attr(comm, _dup_keyval, dup)
     return dup
 
 

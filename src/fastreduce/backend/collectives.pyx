@@ -43,6 +43,9 @@ from contextlib import nullcontext
 
 from mpi4py import MPI as _MPI
 
+from .commattr import create_keyval as _create_keyval
+from .commattr import get_attr as _get_attr
+from .commattr import set_attr as _set_attr
 from .engine import state as _engine_state
 from .reductions import KIND_NAMES as _KIND_NAMES
 
