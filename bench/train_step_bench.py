@@ -9,13 +9,16 @@ default, 2048 x 6, has 25.2M parameters), SGD, batch `--batch`, every rank on it
 times, alternating, per step in ms (median of `--repeat` runs of `--steps` steps):
 
   no communication   forward, backward, optimizer step
-  GradientSync       fastreduce.GradientSync (bucketed iallreduce_ during backward)
-  coalesced          one allreduce_coalesced_ of every gradient after backward
-  DDP gloo           torch.nn.parallel.DistributedDataParallel on gloo
+  GradientSync       fastreduce.GradientSync (the bucket engine; --schedule, default auto)
+  hvd                fastreduce.horovod's DistributedOptimizer (the same engine, negotiated)
+  DDP fastreduce     DistributedDataParallel on fastreduce's torch.distributed backend
+  DDP gloo           DistributedDataParallel on gloo
   allreduce alone    one allreduce_ of a buffer the size of all gradients (no model)
 
-and the ratios GradientSync / DDP gloo and GradientSync / (no communication + allreduce
-alone), each taken within a run.
+and the ratios GradientSync / (no communication + allreduce alone) (the serial floor:
+backward, then one all-reduce), hvd / GradientSync, DDP fastreduce / GradientSync and
+GradientSync / DDP gloo, each taken within a run. The schedule each one chose, and what
+"auto" measured, are printed. `--timeline PATH` writes GradientSync's Chrome trace.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import fastreduce
+import fastreduce.distributed  # noqa: F401  (registers the torch.distributed backend)
+import fastreduce.horovod as hvd
 from fastreduce._abi import first_line
-from fastreduce.bench import init_gloo
 
 
 def make_mlp(width: int, depth: int, device) -> torch.nn.Module:
@@ -54,6 +58,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per run")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--schedule", choices=("auto", "overlap", "serial"), default=None,
+                        help="GradientSync's schedule (default: FASTREDUCE_GRADIENT_SCHEDULE)")
+    parser.add_argument("--timeline", help="GradientSync's Chrome trace ({rank} allowed)")
     parser.add_argument("--json")
     args = parser.parse_args()
     comm = fastreduce.default_comm()
@@ -64,7 +71,9 @@ def main() -> int:
         sync = torch.cuda.synchronize
     else:
         device, sync = torch.device("cpu"), (lambda: None)
-    init_gloo(MPI.COMM_WORLD)
+    dist.init_process_group("fastreduce")
+    gloo = dist.new_group(backend="gloo")
+    hvd.init()
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
     x = x.to(device)
 
@@ -78,32 +87,31 @@ def main() -> int:
         sync()
         return comm.allreduce(time.perf_counter() - start, op=MPI.MAX) / args.steps
 
-    def training(model, opt, after_backward=None):
+    def training(model, opt):
         def step():
             opt.zero_grad()
             model(x).square().mean().backward()
-            if after_backward is not None:
-                after_backward()
             opt.step()
         return step
 
-    plain = make_mlp(args.width, args.depth, device)
-    synced = make_mlp(args.width, args.depth, device)
-    coalesced = make_mlp(args.width, args.depth, device)
-    ddp = torch.nn.parallel.DistributedDataParallel(make_mlp(args.width, args.depth, device))
-    gsync = fastreduce.GradientSync(synced)
-    variants = {"no communication": training(plain, torch.optim.SGD(plain.parameters(), 1e-3))}
+    def model() -> torch.nn.Module:
+        return make_mlp(args.width, args.depth, device)
+
+    plain, synced, horovod = model(), model(), model()
+    gsync = fastreduce.GradientSync(synced, schedule=args.schedule, timeline=args.timeline)
     opt = torch.optim.SGD(synced.parameters(), 1e-3)
     gsync.attach(opt)
-    variants["GradientSync"] = training(synced, opt)
-    grads = [q for q in coalesced.parameters()]
-
-    def reduce_all():
-        fastreduce.allreduce_coalesced_([q.grad for q in grads], "avg")
-
-    variants["coalesced"] = training(coalesced, torch.optim.SGD(coalesced.parameters(), 1e-3),
-                                     reduce_all)
-    variants["DDP gloo"] = training(ddp, torch.optim.SGD(ddp.parameters(), 1e-3))
+    hvd_opt = hvd.DistributedOptimizer(torch.optim.SGD(horovod.parameters(), 1e-3),
+                                       named_parameters=horovod.named_parameters())
+    ddp_fr = torch.nn.parallel.DistributedDataParallel(model())
+    ddp_gloo = torch.nn.parallel.DistributedDataParallel(model(), process_group=gloo)
+    variants = {
+        "no communication": training(plain, torch.optim.SGD(plain.parameters(), 1e-3)),
+        "GradientSync": training(synced, opt),
+        "hvd": training(horovod, hvd_opt),
+        "DDP fastreduce": training(ddp_fr, torch.optim.SGD(ddp_fr.parameters(), 1e-3)),
+        "DDP gloo": training(ddp_gloo, torch.optim.SGD(ddp_gloo.parameters(), 1e-3)),
+    }
     n_params = sum(q.numel() for q in plain.parameters())
     flat = torch.zeros(n_params, device=device)
     variants["allreduce alone"] = lambda: fastreduce.allreduce_(flat)
@@ -112,11 +120,21 @@ def main() -> int:
         for name, fn in variants.items():
             samples[name].append(timed(fn) * 1e3)
     med = {k: statistics.median(v) for k, v in samples.items()}
-    vs_ddp = statistics.median(a / b for a, b in zip(samples["GradientSync"],
-                                                     samples["DDP gloo"], strict=True))
-    vs_floor = statistics.median(
-        a / (b + c) for a, b, c in zip(samples["GradientSync"], samples["no communication"],
-                                       samples["allreduce alone"], strict=True))
+
+    def ratio(a: str, *b: str) -> float:
+        return statistics.median(x / sum(y) for x, *y in zip(
+            samples[a], *(samples[n] for n in b), strict=True))
+
+    ratios = {"GradientSync / (no communication + allreduce alone)":
+              ratio("GradientSync", "no communication", "allreduce alone"),
+              "hvd / GradientSync": ratio("hvd", "GradientSync"),
+              "DDP fastreduce / GradientSync": ratio("DDP fastreduce", "GradientSync"),
+              "GradientSync / DDP gloo": ratio("GradientSync", "DDP gloo")}
+    ddp_buckets = getattr(dist.group.WORLD, "_buckets", None)  # the backend is the group
+    schedules = {"GradientSync": (gsync.schedule, gsync.measured),
+                 "hvd": (hvd_opt._hvd_engine.mode, hvd_opt._hvd_engine.chooser.measured),
+                 "DDP fastreduce": (ddp_buckets.chooser.mode, ddp_buckets.chooser.measured)
+                 if ddp_buckets is not None else ("not used", {})}
     if rank == 0:
         from fastreduce.backend import engine as _engine
 
@@ -127,12 +145,17 @@ def main() -> int:
               f"{args.repeat} runs of {args.steps} steps")
         for k, v in med.items():
             print(f"  {k:18s} {v:9.2f} ms")
-        print(f"  GradientSync / DDP gloo: {vs_ddp:.2f}")
-        print(f"  GradientSync / (no communication + allreduce alone): {vs_floor:.2f}")
+        for k, v in ratios.items():
+            print(f"  {k}: {v:.3f}")
+        for k, (mode, measured) in schedules.items():
+            told = ", ".join(f"{m} {t * 1e3 / p:.1f} ms" for m, t in measured.items())
+            print(f"  {k} schedule: {mode}" + (f" (measured per rank: {told})" if told else ""))
         if args.json:
             Path(args.json).write_text(json.dumps(
-                {"ms": med, "vs_ddp": vs_ddp, "vs_floor": vs_floor, "ranks": p,
-                 "device": args.device, "parameters": n_params}, indent=1))
+                {"ms": med, "ratios": ratios, "schedules": schedules, "ranks": p,
+                 "device": args.device, "parameters": n_params,
+                 "mpi": first_line(MPI.Get_library_version())}, indent=1))
+    gsync.remove()
     dist.destroy_process_group()
     return 0
 

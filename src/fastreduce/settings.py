@@ -246,7 +246,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FASTREDUCE_CUDART", "path", "searched",
             "The CUDA runtime library to load, instead of searching for it.",
             _text, "gpu"),
-    # --- torch.distributed backend (listed after the Horovod layer's: see below)
+    # --- torch.distributed backend and the data-parallel step (listed after the Horovod
+    # layer's: see below)
+    Setting("FASTREDUCE_GRADIENT_SCHEDULE", "auto, overlap or serial", "auto",
+            "When GradientSync, hvd.DistributedOptimizer and DDP on the fastreduce backend "
+            "reduce gradient buckets: during backward (overlap), after it, all at once "
+            "(serial), or whichever the first training steps measure faster (auto).",
+            _choice("FASTREDUCE_GRADIENT_SCHEDULE", ("auto", "overlap", "serial"), "auto",
+                    "use one of auto, overlap, serial", lower=True), "torch"),
     Setting("FASTREDUCE_STORE_ADDR", "address[:port]", "rank 0's addresses",
             "Where the other ranks reach rank 0's torch.distributed store: an address or "
             "hostname of rank 0 (`[IPv6]:PORT` with a port); with a port, rank 0 opens the "

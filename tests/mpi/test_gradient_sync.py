@@ -132,3 +132,119 @@ def test_bad_input(checks):
     expect(TypeError, ["torch.nn.Module"], lambda: fastreduce.GradientSync([torch.ones(2)]))
     expect(ValueError, ["'avg' or 'sum'"], lambda: fastreduce.GradientSync(MLP(torch.float32),
                                                                             op="max"))
+    expect(ValueError, ["schedule='fast'", "'auto'", "'overlap'", "'serial'"],
+           lambda: fastreduce.GradientSync(MLP(torch.float32), schedule="fast"))
+
+
+class Reversed(torch.nn.Module):
+    """Layers registered in the reverse of the order forward uses them, so backward makes
+    their gradients in registration order: the opposite of what the plan assumes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late = torch.nn.Linear(16, 2)
+        self.middle = torch.nn.Linear(16, 16)
+        self.early = torch.nn.Linear(6, 16)
+
+    def forward(self, x):
+        return self.late(torch.tanh(self.middle(torch.tanh(self.early(x)))))
+
+
+def _train(model, sync, steps: int, seed: int = 7) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync.attach(opt)
+    g = torch.Generator().manual_seed(seed + rank)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(5, 6, generator=g)).square().mean().backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("schedule", ["overlap", "serial"])
+def test_schedules_match_the_reference(checks, schedule):
+    """Each schedule, fixed, gives the one-by-one reference's gradients on every step."""
+    torch.manual_seed(3)
+    model, reference = Reversed(), Reversed()
+    reference.load_state_dict(model.state_dict())
+    sync = fastreduce.GradientSync(model, bucket_mb=0.002, schedule=schedule)
+    g = torch.Generator().manual_seed(11 + rank)
+    for step in range(3):
+        x = torch.randn(5, 6, generator=g)
+        model.zero_grad()
+        reference.zero_grad()
+        model(x).square().mean().backward()
+        reference(x).square().mean().backward()
+        sync.wait()
+        checks.check(sync.schedule == schedule, f"schedule {sync.schedule}")
+        for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+            want = b.grad.clone()
+            fastreduce.allreduce_(want, "avg")
+            checks.check(torch.allclose(a.grad, want, rtol=1e-5, atol=1e-7),
+                         f"{schedule} step {step}: grad of {name}")
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+            with torch.no_grad():
+                a.add_(a.grad, alpha=-0.1)
+                b.copy_(a)
+
+
+def test_auto_chooses_one_schedule_everywhere(checks, comm):
+    """auto: a warm-up step, CALIBRATION_STEPS of each schedule, then one choice, the same on
+    every rank, with what it measured."""
+    from fastreduce.torch.buckets import CALIBRATION_STEPS  # noqa: PLC0415
+
+    model = Reversed()
+    sync = fastreduce.GradientSync(model, bucket_mb=0.002, schedule="auto")
+    _train(model, sync, 1 + 2 * CALIBRATION_STEPS - 1)
+    checks.check(sync.measured == {}, f"decided early: {sync.measured}")
+    _train(model, sync, 1)
+    checks.check(set(sync.measured) == {"overlap", "serial"}, f"measured {sync.measured}")
+    checks.check(all(v > 0 for v in sync.measured.values()), f"measured {sync.measured}")
+    chosen = comm.allgather((sync.schedule, sync.measured))
+    checks.check(all(c == chosen[0] for c in chosen), f"ranks chose differently: {chosen}")
+    faster = min(sync.measured, key=sync.measured.get)
+    checks.check(sync.schedule == faster, f"chose {sync.schedule}, measured {sync.measured}")
+    for fixed in ("overlap", "serial"):
+        other = Reversed()
+        forced = fastreduce.GradientSync(other, bucket_mb=0.002, schedule=fixed)
+        _train(other, forced, 1 + 2 * CALIBRATION_STEPS)
+        checks.check(forced.schedule == fixed and forced.measured == {},
+                     f"{fixed}: {forced.schedule} {forced.measured}")
+
+
+def test_buckets_rebuilt_in_arrival_order(checks):
+    """After the first step the buckets follow the order the gradients arrived (rank 0's),
+    so the first bucket holds the layer backward reaches first."""
+    model = Reversed()
+    sync = fastreduce.GradientSync(model, bucket_mb=1e-5, schedule="overlap")  # one per tensor
+    planned = [b.params[0] for b in sync._engine.buckets]
+    checks.check(planned[0] is model.early.bias, "the plan starts from the last registered")
+    _train(model, sync, 1)
+    rebuilt = [b.params[0] for b in sync._engine.buckets]
+    checks.check(any(rebuilt[0] is q for q in (model.late.weight, model.late.bias)),
+                 f"first bucket after the rebuild: {rebuilt[0].shape}")
+    checks.check({id(q) for q in rebuilt} == {id(q) for q in planned}, "parameters lost")
+    for q in model.parameters():  # .grad still views the (new) buckets
+        checks.check(any(q.grad is v for b in sync._engine.buckets for v in b.views),
+                     f"grad of {tuple(q.shape)} is not a bucket view")
+
+
+def test_timeline(checks, shared_tmp_path):
+    """timeline=: every rank's Chrome trace holds each bucket's phases per step; with the
+    overlap schedule the first bucket is reduced before backward has filled the last."""
+    import json
+
+    model = Reversed()
+    path = shared_tmp_path / "timeline-{rank}.json"
+    sync = fastreduce.GradientSync(model, bucket_mb=1e-5, schedule="overlap", timeline=path)
+    _train(model, sync, 3)
+    sync.remove()
+    events = json.loads((shared_tmp_path / f"timeline-{rank}.json").read_text())
+    names = {e["name"] for e in events}
+    checks.check(names == {"FILL", "QUEUED", "REDUCE", "WAIT"}, f"phases {names}")
+    rows = {e["tid"] for e in events}
+    checks.check(len(rows) == len(sync.bucket_sizes), f"rows {rows}")
+    checks.check(all(e["ph"] == "X" and e["dur"] >= 0 for e in events), "malformed events")
+    last_step = events[-4 * len(rows):]
+    first = min(e["ts"] for e in last_step if e["name"] == "REDUCE")
+    filled = max(e["ts"] + e["dur"] for e in last_step if e["name"] == "FILL")
+    checks.check(first < filled, "no reduction started before backward ended")

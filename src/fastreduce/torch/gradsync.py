@@ -1,4 +1,4 @@
-"""Data-parallel gradient averaging that overlaps the backward pass (DDP-style buckets)::
+"""Data-parallel gradient averaging over MPI, on the bucket engine (`buckets.py`)::
 
     model = Net()
     sync = fastreduce.GradientSync(model)      # also broadcasts rank 0's parameters
@@ -8,96 +8,49 @@
         loss(model(batch)).backward()          # buckets are reduced while backward runs
         optimizer.step()
 
-Gradients are gathered in flat per-bucket buffers (each parameter's .grad is a
-view into its bucket), in reverse order of registration as backward produces
-them. When the last gradient of a bucket has been accumulated, an in-place
-non-blocking all-reduce of the bucket starts; buckets start in a fixed order
-on every rank, so the collectives always match. Each gradient hook also tests
-the reductions in flight, which lets MPI libraries that progress only inside
-MPI calls advance them while backward computes.
+Gradients are gathered in flat buffers (each parameter's .grad is a view into its bucket).
+With the overlap schedule, a bucket's in-place non-blocking all-reduce starts as soon as
+its last gradient has been accumulated, in a fixed bucket order on every rank; with the
+serial schedule, each flat buffer is reduced in one call after backward; "auto" (the
+default) times both on the first steps and keeps the faster. `timeline=path` writes each
+bucket's phases as a Chrome trace.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import os
+import weakref
 
 import torch
 from mpi4py import MPI
 
 from .. import gpupaths
 from ..backend import engine as _engine
-from ..backend.collectives import default_comm, iallreduce_
+from ..backend.collectives import allreduce_, default_comm, iallreduce_
 from ..backend.reductions import COMPRESSIONS
+from ..timeline import Trace
+from .buckets import BucketEngine, Reduction, check_schedule, plan_buckets
 
 __all__ = ["GradientSync"]
 
-
-@dataclass
-class _Bucket:
-    flat: torch.Tensor
-    params: list
-    views: list
-    ready: set = field(default_factory=set)
-    request: object = None
-
-
-# The last bucket's size: its reduction is what remains to do once backward has ended.
-LAST_BUCKET_BYTES = 1 << 20
-
-
-def plan_buckets(params: list, bucket_bytes: int,
-                 last_bytes: int = LAST_BUCKET_BYTES) -> list[list]:
-    """Parameters grouped into buckets of one dtype and device, filled in reverse
-    registration order (DDP's), in the order their gradients complete; the last one, whose
-    reduction is left when backward ends, at most `last_bytes` (or one parameter).
-    Decided from the order and sizes alone, so every rank makes the same buckets."""
-    last, size = [], 0
-    for p in params:  # the first registered are the last whose gradients arrive
-        nbytes = p.numel() * p.element_size()
-        if last and (size + nbytes > min(last_bytes, bucket_bytes)
-                     or p.dtype != last[0].dtype or p.device != last[0].device):
-            break
-        last.append(p)
-        size += nbytes
-    if len(last) == len(params):
-        last = []
-    buckets, current, size = [], [], 0
-    for p in reversed(params[len(last):]):
-        nbytes = p.numel() * p.element_size()
-        same_kind = not current or (p.dtype == current[0].dtype
-                                    and p.device == current[0].device)
-        if current and (size + nbytes > bucket_bytes or not same_kind):
-            buckets.append(current)
-            current, size = [], 0
-        current.append(p)
-        size += nbytes
-    if current:
-        buckets.append(current)
-    if last:
-        buckets.append(last[::-1])
-    return buckets
-
-
-def flat_views(params: list) -> tuple[torch.Tensor, list]:
-    """A zeroed flat buffer for `params` (one dtype and device) and a view of it shaped
-    like each parameter."""
-    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
-                       device=params[0].device)
-    views, offset = [], 0
-    for p in params:
-        views.append(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
-    return flat, views
+_SECOND_BACKWARD = (
+    "fastreduce: a gradient arrived again before sync.wait(): its bucket is already being "
+    "reduced (or queued for it); call sync.wait() "
+    "(or optimizer.step() after sync.attach(optimizer)) before the next backward, or "
+    "accumulate under `with sync.no_sync():`")
 
 
 class GradientSync:
     """Average (or sum) the gradients of `module` over `comm` in buckets of `bucket_mb` MiB;
-    compression "bf16" or "fp16" sends float32 gradients as 16 bits."""
+    compression "bf16" or "fp16" sends float32 gradients as 16 bits; schedule "auto",
+    "overlap" or "serial" (default: FASTREDUCE_GRADIENT_SCHEDULE); timeline: a path for a
+    Chrome trace of the buckets ("{rank}" in it is replaced; without it only rank 0 writes)."""
 
     def __init__(self, module: torch.nn.Module, *, comm: MPI.Intracomm | None = None,
                  bucket_mb: float = 25, op: str = "avg", broadcast_parameters: bool = True,
-                 compression: str | None = None):
+                 compression: str | None = None, schedule: str | None = None,
+                 timeline: str | os.PathLike | None = None):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"fastreduce: GradientSync needs a torch.nn.Module, not "
                             f"{type(module).__qualname__}")
@@ -114,6 +67,7 @@ class GradientSync:
                              f"on the progress engine, which is off ({_engine.state()[1]}); "
                              f"turn it on (FASTREDUCE_ENGINE=1 with MPI_THREAD_MULTIPLE) or "
                              f"leave compression out")
+        schedule = check_schedule(schedule, "GradientSync")
         params = list(module.parameters())
         if not params:
             raise ValueError("fastreduce: the module has no parameters to synchronise")
@@ -126,30 +80,42 @@ class GradientSync:
         self.op = op
         self.compression = wire if COMPRESSIONS[wire] else None
         self.bucket_bytes = int(bucket_mb * (1 << 20))
-        self._buckets = self._make_buckets(trained)
-        self._where = {}
-        for b, bucket in enumerate(self._buckets):
-            for i, p in enumerate(bucket.params):
-                self._where[p] = (b, i)
-        self._next = 0           # the next bucket to start, in bucket order
-        self._in_step = False    # a gradient arrived since the last wait()
-        self._accumulating = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in trained]
-        self._hooks += [p.register_hook(self._make_guard(p)) for p in trained]
+        self._trace = None
+        if timeline is not None:
+            path = os.fspath(timeline)
+            if "{rank}" in path or self.comm.Get_rank() == 0:
+                self._trace = Trace(path.replace("{rank}", str(self.comm.Get_rank())))
+                weakref.finalize(self, self._trace.close)
+        comm = self.comm
+        reduction = Reduction(start=self._start, finish=lambda bucket: None,
+                              sum=lambda t: allreduce_(t, "sum", comm=comm),
+                              bcast=lambda obj: comm.bcast(obj, root=0))
+        self._engine = BucketEngine(
+            trained, plan_buckets(trained, self.bucket_bytes), reduction, schedule=schedule,
+            too_many=lambda: RuntimeError(_SECOND_BACKWARD), trace=lambda: self._trace,
+            replan=lambda ordered: plan_buckets(ordered[::-1], self.bucket_bytes))
         if broadcast_parameters:
             self.sync_parameters()
 
-    def _make_buckets(self, params: list) -> list[_Bucket]:
-        out = []
-        for group in plan_buckets(params, self.bucket_bytes):
-            flat, views = flat_views(group)
-            out.append(_Bucket(flat=flat, params=group, views=views))
-        return out
+    def _start(self, bucket):
+        wire = self.compression if bucket.flat.dtype == torch.float32 else None
+        return iallreduce_(bucket.flat, self.op, comm=self.comm, compression=wire)
 
     @property
     def bucket_sizes(self) -> list[int]:
         """Number of parameters in each bucket, in the order the buckets are reduced."""
-        return [len(b.params) for b in self._buckets]
+        return self._engine.bucket_sizes
+
+    @property
+    def schedule(self) -> str:
+        """The schedule the next step uses: "overlap" or "serial"."""
+        return self._engine.mode
+
+    @property
+    def measured(self) -> dict[str, float]:
+        """What "auto" measured: the median step time of each schedule, in seconds, summed
+        over the ranks (empty until it has decided, and for a fixed schedule)."""
+        return dict(self._engine.chooser.measured)
 
     def sync_parameters(self) -> None:
         """Copy rank 0's parameters and buffers to every rank (collective)."""
@@ -168,52 +134,6 @@ class GradientSync:
                 if data is not t.data:
                     t.data.copy_(data)
 
-    # -- during backward -------------------------------------------------------------
-    def _make_guard(self, p: torch.Tensor):
-        bucket_index = self._where[p][0]
-
-        def guard(grad: torch.Tensor) -> None:
-            """Before a gradient is accumulated: refuse it if its bucket is in flight."""
-            if bucket_index < self._next and not self._accumulating:
-                raise RuntimeError(
-                    "fastreduce: a gradient arrived for a bucket already being reduced: "
-                    "call sync.wait() (or optimizer.step() after sync.attach(optimizer)) "
-                    "before the next backward, or accumulate under `with sync.no_sync():`")
-
-        return guard
-
-    def _on_grad(self, p: torch.Tensor) -> None:
-        if self._accumulating:
-            return
-        self._in_step = True
-        b, i = self._where[p]
-        bucket = self._buckets[b]
-        view = bucket.views[i]
-        if p.grad is not view:  # first gradient since zero_grad(set_to_none=True)
-            view.copy_(p.grad)
-            p.grad = view
-        bucket.ready.add(i)
-        while self._next < len(self._buckets) and (
-                len(self._buckets[self._next].ready) == len(self._buckets[self._next].params)):
-            self._start(self._next)
-        self._progress()
-
-    def _start(self, b: int) -> None:
-        bucket = self._buckets[b]
-        with torch.no_grad():
-            for i in range(len(bucket.params)):
-                if i not in bucket.ready:  # no gradient this step: contribute zeros
-                    bucket.views[i].zero_()
-        wire = self.compression if bucket.flat.dtype == torch.float32 else None
-        bucket.request = iallreduce_(bucket.flat, self.op, comm=self.comm, compression=wire)
-        self._next = b + 1
-
-    def _progress(self) -> None:
-        for bucket in self._buckets[:self._next]:
-            if bucket.request is not None and not bucket.request.done:
-                bucket.request.test()
-
-    # -- after backward ----------------------------------------------------------------
     def wait(self) -> None:
         """Start the buckets not yet started, wait for all, and leave the results in .grad.
 
@@ -221,20 +141,8 @@ class GradientSync:
         again (e.g. from optimizer.step() after an explicit wait) is harmless. Every
         rank must run its backward pass before waiting, as with DDP.
         """
-        if not self._in_step:
-            return
-        self._in_step = False
-        while self._next < len(self._buckets):
-            self._start(self._next)
-        for bucket in self._buckets:
-            if bucket.request is not None:
-                bucket.request.wait()
-                bucket.request = None
-            for p, view in zip(bucket.params, bucket.views, strict=True):
-                if p.grad is not view:
-                    p.grad = view
-            bucket.ready.clear()
-        self._next = 0
+        if self._engine.dirty:
+            self._engine.finish_step()
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Make optimizer.step() wait for the reductions first."""
@@ -243,11 +151,12 @@ class GradientSync:
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate gradients locally (no communication) inside this block."""
-        old, self._accumulating = self._accumulating, True
+        engine = self._engine
+        old, engine.accumulating = engine.accumulating, True
         try:
             yield
         finally:
-            self._accumulating = old
+            engine.accumulating = old
 
     def __enter__(self) -> GradientSync:
         return self
@@ -257,7 +166,7 @@ class GradientSync:
             self.wait()
 
     def remove(self) -> None:
-        """Detach the gradient hooks."""
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        """Detach the gradient hooks and close the timeline."""
+        self._engine.remove()
+        if self._trace is not None:
+            self._trace.close()

@@ -15,6 +15,7 @@ from ... import _abi, checks, watchdog
 from ...backend import collectives as _collectives
 from ...backend import engine as _engine
 from ...errors import BackendError
+from ..buckets import RecurringBuckets, schedule_setting
 from .packing import (
     _check_same,
     _check_tensor,
@@ -28,6 +29,8 @@ from .packing import (
     _unpack,
 )
 from .work import Work
+
+_graph_task_id = torch._C._current_graph_task_id  # -1 outside a backward pass
 
 BACKEND = "fastreduce"
 _AllgatherOptions = torch._C._distributed_c10d.AllgatherOptions  # not in torch.distributed
@@ -47,6 +50,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         self._timeout = timeout
         self._group_name = ""
         self._group_desc = ""
+        self._buckets: RecurringBuckets | None = None  # made at the first asyncOp all-reduce
 
     @property
     def comm(self) -> MPI.Intracomm:
@@ -122,7 +126,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 _check_tensor(t, f"tensors[{i}]")
         if len(tensors) == 1 and opts.asyncOp and _engine.state()[0]:
             t = tensors[0]
-            if t.is_cuda or 0 <= _engine.host_bytes() <= t.nbytes:
+            if (t.is_cuda or 0 <= _engine.host_bytes() <= t.nbytes) and self._overlap(t):
                 request = _collectives.iallreduce_(t, op, comm=self._comm)
                 if request.engine:
                     return Work(list(tensors), request=request)
@@ -131,6 +135,20 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         for t in tensors:
             _collectives.allreduce_(t, op, comm=self._comm)
         return Work(list(tensors))
+
+    def _overlap(self, t: torch.Tensor) -> bool:
+        """Whether this asyncOp all-reduce runs in the background. One made during backward
+        (a DDP bucket) follows the gradient schedule: in the background (overlap) or at once
+        (serial), as FASTREDUCE_GRADIENT_SCHEDULE says or, for "auto", as the first steps
+        measure (a step ends when a bucket comes round again)."""
+        if _graph_task_id() < 0:  # not in backward: no gradient reducer's bucket
+            return True
+        buckets = self._buckets
+        if buckets is None:
+            comm = self._comm
+            buckets = self._buckets = RecurringBuckets(
+                schedule_setting(), lambda v: _collectives.allreduce_(v, "sum", comm=comm))
+        return buckets.overlap((t.data_ptr(), t.numel()))
 
     def allreduce_coalesced(self, tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()

@@ -1,12 +1,15 @@
 """`hvd.DistributedOptimizer`: Horovod's gradient-averaging optimizer wrapper over fastreduce.
 
-Gradients are fused into flat buckets, as `fastreduce.GradientSync` does: each parameter's
-.grad becomes a view into its bucket, and a bucket's in-place non-blocking all-reduce starts
-as soon as its last gradient has been accumulated (on the last of `backward_passes_per_step`
-passes). Buckets are made from the parameter order and sizes alone and start in a fixed
-order, so every rank issues the same collectives in the same order; each bucket is
-negotiated as hvd.allreduce_async_ is (one small exchange), so that a rank that has called
-hvd.join() takes part in it with zeros and a rank whose buckets differ raises everywhere.
+Gradients are reduced by fastreduce's bucket engine (`fastreduce.torch.buckets`), as
+`fastreduce.GradientSync`'s are: each parameter's .grad is a view into a flat buffer; with
+the overlap schedule a bucket's reduction starts once its last gradient has been accumulated
+(on the last of `backward_passes_per_step` passes), in a fixed order on every rank; with the
+serial schedule each flat buffer is reduced in one call at synchronize(); "auto"
+(FASTREDUCE_GRADIENT_SCHEDULE) times both on the first steps. Each reduction is negotiated as
+hvd.allreduce_async_ is (one small exchange), so that a rank that has called hvd.join()
+takes part in it with zeros and a rank whose buckets differ raises everywhere. The buckets
+keep the plan's order (not rebuilt in arrival order): a rebuild would need a collective
+that a joined rank does not take part in. HOROVOD_TIMELINE gets each bucket's phases.
 
 Bucket size: HOROVOD_FUSION_THRESHOLD bytes (0: a bucket per parameter). When it is unset,
 25 MiB rather than Horovod's 64 MiB: Horovod sends what is ready every cycle (5 ms) whatever
@@ -32,7 +35,8 @@ import torch
 
 from ... import checks, settings
 from ...backend import engine as _engine
-from ..gradsync import flat_views, plan_buckets
+from ..buckets import BucketEngine, Reduction, plan_buckets, schedule_setting
+from . import timeline
 from .basics import size
 from .compression import Compression, FP16Compressor, NoneCompressor
 from .ops import (
@@ -62,21 +66,6 @@ def fusion_bytes() -> int:
     """The bucket size in bytes: HOROVOD_FUSION_THRESHOLD, else DEFAULT_FUSION_BYTES (25 MiB);
     SettingError (a ValueError) for a value that is not a number of bytes >= 0."""
     return settings.value("HOROVOD_FUSION_THRESHOLD")
-
-
-class _Bucket:
-    __slots__ = ("flat", "params", "views", "valid", "nready", "request", "sent", "ctx",
-                 "densified")
-
-    def __init__(self, params: list):
-        self.params = params
-        self.flat, self.views = flat_views(params)
-        self.valid: set = set()  # views holding this step's gradient
-        self.nready = 0          # parameters whose last pass has been accumulated
-        self.request = None
-        self.sent = None         # the tensor reduced: flat, or its compressed form
-        self.ctx = None
-        self.densified: set = set()  # sparse gradients made dense (sparse_as_dense)
 
 
 def _split_list(items: list, n: int) -> list[list]:
@@ -152,17 +141,9 @@ class _DistributedOptimizer:
         self.process_set = process_set
         self._should_synchronize = True
         self._synchronized = False
-        self._hvd_hooks = []
-        self._hvd_buckets: list[_Bucket] = []
-        self._hvd_where: dict = {}
-        self._hvd_sparse: dict = {}    # parameter -> its index, for sparse gradients this step
-        self._hvd_next = 0             # the next bucket to start
-        self._hvd_dirty = False        # a gradient arrived since the last synchronize()
+        self._hvd_engine: BucketEngine | None = None
         trained = [p for p in params if p.requires_grad]
-        self._hvd_order = {p: i for i, p in enumerate(trained)}
-        self._allreduce_delay = dict.fromkeys(trained, backward_passes_per_step)
-        self._hvd_active = process_set.included() and size() > 1
-        if not self._hvd_active:
+        if not (process_set.included() and size() > 1):
             return
         # Every rank must make the same buckets: check the parameters match rank 0's (on
         # every rank of the set, one without trained parameters too).
@@ -173,8 +154,7 @@ class _DistributedOptimizer:
                                     f"({hashlib.blake2b(layout, digest_size=8).hexdigest()})",
                       "groups": groups if not isinstance(groups, list) else
                       [len(g) for g in groups]})
-        self._hvd_active = bool(trained)
-        if not self._hvd_active:
+        if not trained:
             return
         self._hvd_comm = process_set.comm
         self._hvd_nranks = process_set.size()
@@ -184,13 +164,12 @@ class _DistributedOptimizer:
         self._hvd_postscale = gradient_predivide_factor / self._hvd_nranks if predivide else 1.0
         self._hvd_wire = (compression is FP16Compressor and self._hvd_opname in ("avg", "sum")
                           and _engine.state()[0])
-        self._hvd_buckets = [_Bucket(g) for g in self._hvd_plan(trained, groups)]
-        for b, bucket in enumerate(self._hvd_buckets):
-            for i, p in enumerate(bucket.params):
-                self._hvd_where[p] = (b, i)
-        for p in trained:
-            self._hvd_hooks.append(p.register_hook(self._hvd_make_guard(p)))
-            self._hvd_hooks.append(p.register_post_accumulate_grad_hook(self._hvd_on_grad))
+        self._hvd_engine = BucketEngine(
+            trained, self._hvd_plan(trained, groups),
+            Reduction(start=self._hvd_start, finish=self._hvd_finish, sum=self._hvd_sum),
+            schedule=schedule_setting(), passes=backward_passes_per_step,
+            too_many=lambda: AssertionError(_TOO_MANY_PASSES), trace=timeline.current,
+            sparse_as_dense=sparse_as_dense)
 
     @staticmethod
     def _hvd_plan(trained: list, groups) -> list[list]:
@@ -211,57 +190,9 @@ class _DistributedOptimizer:
         # a bucket is complete when its first-registered parameter's gradient arrives
         return sorted(parts, key=lambda part: -index[id(part[0])])
 
-    # -- during backward -------------------------------------------------------------------
-    def _hvd_make_guard(self, p: torch.Tensor):
-        def guard(grad: torch.Tensor) -> None:
-            """Before a gradient is accumulated: refuse one pass too many."""
-            if self._allreduce_delay[p] <= 0:
-                raise AssertionError(_TOO_MANY_PASSES)
-
-        return guard
-
-    def _hvd_on_grad(self, p: torch.Tensor) -> None:
-        self._hvd_dirty = True
-        left = self._allreduce_delay[p] - 1
-        self._allreduce_delay[p] = left
-        b, i = self._hvd_where[p]
-        bucket = self._hvd_buckets[b]
-        view = bucket.views[i]
-        grad = p.grad
-        if grad is not view:  # the first pass since zero_grad(set_to_none=True)
-            if grad.is_sparse and not self.sparse_as_dense:  # reduced on its own
-                self._hvd_sparse[p] = self._hvd_order[p]
-                if left == 0:
-                    self._hvd_ready(bucket, b)
-                return
-            with torch.no_grad():
-                if grad.is_sparse:
-                    bucket.densified.add(i)
-                    view.copy_(grad.to_dense())
-                else:
-                    view.copy_(grad)
-            p.grad = view
-        bucket.valid.add(i)
-        if left == 0:
-            self._hvd_ready(bucket, b)
-        else:
-            self._hvd_progress()
-
-    def _hvd_ready(self, bucket: _Bucket, b: int) -> None:
-        bucket.nready += 1
-        buckets = self._hvd_buckets
-        while self._hvd_next < len(buckets) and (
-                buckets[self._hvd_next].nready == len(buckets[self._hvd_next].params)):
-            self._hvd_start(self._hvd_next)
-        self._hvd_progress()
-
-    def _hvd_start(self, b: int) -> None:
-        bucket = self._hvd_buckets[b]
+    # -- the bucket engine's Reduction ----------------------------------------------------
+    def _hvd_start(self, bucket):
         with torch.no_grad():
-            if len(bucket.valid) < len(bucket.params):
-                for i in range(len(bucket.params)):
-                    if i not in bucket.valid:  # no gradient this step: contribute zeros
-                        bucket.views[i].zero_()
             flat = bucket.flat
             if self._hvd_prescale != 1.0:
                 flat.mul_(self._hvd_prescale)
@@ -276,65 +207,41 @@ class _DistributedOptimizer:
                 if not sent.is_contiguous():
                     sent = sent.contiguous()
             bucket.sent, bucket.ctx = sent, ctx
-            bucket.request = _bucket_start(sent, self._hvd_opname, self.process_set,
-                                           f"DistributedOptimizer.bucket.{b}", wire)
-        self._hvd_next = b + 1
+            return _bucket_start(sent, self._hvd_opname, self.process_set,
+                                 f"DistributedOptimizer.{bucket.label}", wire)
 
-    def _hvd_progress(self) -> None:
-        # lets MPI libraries that progress only inside MPI calls advance the reductions
-        for bucket in self._hvd_buckets[:self._hvd_next]:
-            request = bucket.request
-            if request is not None and not request.done:
-                request.test()
+    def _hvd_finish(self, bucket) -> None:
+        flat = bucket.flat
+        if bucket.sent is not flat:
+            flat.copy_(self._compression.decompress(bucket.sent, bucket.ctx))
+        if self._hvd_postscale != 1.0:
+            flat.mul_(self._hvd_postscale)
+
+    def _hvd_sum(self, values: torch.Tensor) -> torch.Tensor:
+        # negotiated like a bucket, so that a joined rank takes part (with zeros)
+        _bucket_start(values, "sum", self.process_set, "DistributedOptimizer.schedule",
+                      None).wait()
+        return values
 
     # -- after backward --------------------------------------------------------------------
     def synchronize(self) -> None:
         """Finish the gradient reductions (starting those not started) and leave the results
         in each parameter's .grad."""
-        if not self._hvd_active:
+        engine = self._hvd_engine
+        if engine is None:
             self._synchronized = True
             return
-        if self._synchronized and not self._hvd_dirty:
+        if self._synchronized and not engine.dirty:
             return  # reduced already, and no gradient since: reducing zeros would lose them
-        while self._hvd_next < len(self._hvd_buckets):
-            self._hvd_start(self._hvd_next)
-        sparse = sorted(self._hvd_sparse, key=self._hvd_sparse.__getitem__)
+        sparse = sorted(engine.sparse, key=engine.sparse.__getitem__)
+        engine.finish_step()
         handles = [sparse_allreduce_async(p.grad, name=self._parameter_names.get(p),
                                           op=self.op, process_set=self.process_set)
                    for p in sparse]
         with torch.no_grad():
-            for bucket in self._hvd_buckets:
-                self._hvd_finish(bucket)
             for p, handle in zip(sparse, handles, strict=True):
                 p.grad.zero_().add_(synchronize(handle))
-        self._hvd_sparse.clear()
-        self._allreduce_delay = dict.fromkeys(self._allreduce_delay,
-                                              self.backward_passes_per_step)
-        self._hvd_next = 0
-        self._hvd_dirty = False
         self._synchronized = True
-
-    def _hvd_finish(self, bucket: _Bucket) -> None:
-        if bucket.request is None:
-            return
-        bucket.request.wait()
-        bucket.request = None
-        flat = bucket.flat
-        if bucket.sent is not flat:
-            flat.copy_(self._compression.decompress(bucket.sent, bucket.ctx))
-        bucket.sent = bucket.ctx = None
-        if self._hvd_postscale != 1.0:
-            flat.mul_(self._hvd_postscale)
-        for i, (p, view) in enumerate(zip(bucket.params, bucket.views, strict=True)):
-            if p in self._hvd_sparse:
-                continue
-            if i in bucket.densified:  # sparse_as_dense: the optimizer gets a sparse gradient
-                p.grad = view.to_sparse()
-            elif p.grad is not view:
-                p.grad = view
-        bucket.valid.clear()
-        bucket.densified.clear()
-        bucket.nready = 0
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -359,7 +266,7 @@ class _DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As the wrapped optimizer's, refused between backward and step()/synchronize()."""
-        if self._hvd_dirty:
+        if self._hvd_engine is not None and self._hvd_engine.dirty:
             raise AssertionError("fastreduce.horovod: optimizer.zero_grad() was called after "
                                  "loss.backward() but before optimizer.step() or "
                                  "optimizer.synchronize(); call it before the backward pass "
@@ -372,31 +279,22 @@ class _DistributedOptimizer:
             raise ValueError(f"fastreduce.horovod: backward_passes_per_step must be an integer "
                              f">= 1, not {passes!r}")
         self.backward_passes_per_step = passes
-        self._allreduce_delay = dict.fromkeys(self._allreduce_delay, passes)
+        if self._hvd_engine is not None:
+            self._hvd_engine.passes = passes
+            self._hvd_engine.left = [passes] * len(self._hvd_engine.params)
 
     def load_state_dict(self, state_dict) -> None:
         """As the wrapped optimizer's; also forgets gradients accumulated since the last step."""
-        if self._hvd_active and self._hvd_next:
-            with torch.no_grad():  # reductions in flight must end before they are forgotten
-                for bucket in self._hvd_buckets:
-                    self._hvd_finish(bucket)
-        for bucket in self._hvd_buckets:
-            bucket.valid.clear()
-            bucket.densified.clear()
-            bucket.nready = 0
-        self._hvd_sparse.clear()
-        self._hvd_next = 0
-        self._hvd_dirty = False
+        if self._hvd_engine is not None:
+            self._hvd_engine.reset()  # reductions in flight end before they are forgotten
         self._synchronized = False
         self._should_synchronize = True
-        self._allreduce_delay = dict.fromkeys(self._allreduce_delay,
-                                              self.backward_passes_per_step)
         return super().load_state_dict(state_dict)
 
     def _hvd_remove_hooks(self) -> None:
-        for handle in self._hvd_hooks:
-            handle.remove()
-        self._hvd_hooks = []
+        if self._hvd_engine is not None:
+            self._hvd_engine.remove()
+
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,

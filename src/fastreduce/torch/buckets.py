@@ -1,0 +1,432 @@
+"""The bucket engine: data-parallel gradients in flat buffers, reduced while backward runs
+or after it, whichever the ranks measured to be faster.
+
+`fastreduce.GradientSync` and `hvd.DistributedOptimizer` are built on it; each passes its
+`Reduction` (how a bucket's reduction is submitted and finished: fastreduce's iallreduce_,
+or Horovod's negotiated one with its compression and scale factors) and keeps only its own
+arguments and errors. The engine owns the rest:
+
+- **Layout**: one flat buffer per dtype and device holding every trained parameter's
+  gradient (each .grad is a view into it); a bucket is a contiguous slice of it.
+- **Readiness**: a post-accumulate hook per parameter counts its backward passes; a bucket
+  is ready when its last parameter's last pass has been accumulated.
+- **Schedule**: ``overlap`` starts each bucket's non-blocking reduction as soon as it and
+  every bucket before it are ready (the order is the same on every rank); ``serial``
+  reduces each flat buffer in one call after backward, which nothing beats where backward
+  and the reduction compete for the same cores (one core per rank). ``auto`` times both on
+  the training loop's own steps: after a first step, CALIBRATION_STEPS steps of each,
+  alternating; the ranks add up their medians (one small reduction) and keep the faster.
+- **Order**: after the first step, the buckets are rebuilt in the order the gradients
+  arrived on rank 0 (DDP does the same), so the first bucket reduced is the first complete.
+- **Timeline**: each bucket's phases per step (filling, queued, reducing, done) as a Chrome
+  trace, cheap enough to leave on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .. import settings
+from ..timeline import Trace, now_us
+
+__all__ = ["CALIBRATION_STEPS", "LAST_BUCKET_BYTES", "SCHEDULES", "Bucket", "BucketEngine",
+           "RecurringBuckets", "Reduction", "plan_buckets"]
+
+SCHEDULES = ("auto", "overlap", "serial")
+CALIBRATION_STEPS = 3  # steps timed per schedule by "auto"
+# The last bucket's size: its reduction is what remains to do once backward has ended.
+LAST_BUCKET_BYTES = 1 << 20
+
+
+def plan_buckets(params: list, bucket_bytes: int,
+                 last_bytes: int = LAST_BUCKET_BYTES) -> list[list]:
+    """Parameters grouped into buckets of one dtype and device, filled in reverse
+    registration order (DDP's), in the order their gradients complete; the last one, whose
+    reduction is left when backward ends, at most `last_bytes` (or one parameter).
+    Decided from the order and sizes alone, so every rank makes the same buckets."""
+    last, size = [], 0
+    for p in params:  # the first registered are the last whose gradients arrive
+        nbytes = p.numel() * p.element_size()
+        if last and (size + nbytes > min(last_bytes, bucket_bytes)
+                     or p.dtype != last[0].dtype or p.device != last[0].device):
+            break
+        last.append(p)
+        size += nbytes
+    if len(last) == len(params):
+        last = []
+    buckets, current, size = [], [], 0
+    for p in reversed(params[len(last):]):
+        nbytes = p.numel() * p.element_size()
+        same_kind = not current or (p.dtype == current[0].dtype
+                                    and p.device == current[0].device)
+        if current and (size + nbytes > bucket_bytes or not same_kind):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    if last:
+        buckets.append(last[::-1])
+    return buckets
+
+
+class Bucket:
+    """Parameters whose gradients are reduced together: a slice `flat` of their kind's flat
+    buffer, and a view of it shaped like each parameter."""
+
+    __slots__ = ("label", "params", "flat", "views", "nready", "request", "sent", "ctx",
+                 "times")
+
+    def __init__(self, label: str, params: list, flat: torch.Tensor, views: list):
+        self.label = label
+        self.params = params
+        self.flat = flat
+        self.views = views
+        self.nready = 0      # parameters whose last pass has been accumulated
+        self.request = None  # the reduction in flight
+        self.sent = None     # what the Reduction sent (flat, or its compressed form)
+        self.ctx = None      # the Reduction's own state for finish()
+        self.times = [0.0, 0.0, 0.0, 0.0, 0.0]  # first gradient, ready, started, reduced, done
+
+
+@dataclass
+class Reduction:
+    """How a bucket is reduced: `start(bucket)` submits the reduction of bucket.flat and
+    returns its request (wait(), test(), done, add_done_callback()); `finish(bucket)`, once
+    it has completed, leaves the result in bucket.flat; `sum(values)`, a blocking sum over
+    the ranks of a float64 tensor; `bcast(obj)`, rank 0's picklable object (None: the
+    buckets are never rebuilt)."""
+
+    start: Callable[[Bucket], object]
+    finish: Callable[[Bucket], None]
+    sum: Callable[[torch.Tensor], torch.Tensor]
+    bcast: Callable[[object], object] | None = None
+
+
+def schedule_setting() -> str:
+    """FASTREDUCE_GRADIENT_SCHEDULE: auto, overlap or serial."""
+    return settings.value("FASTREDUCE_GRADIENT_SCHEDULE")
+
+
+def check_schedule(schedule: str | None, owner: str) -> str:
+    """The schedule asked for (None: the setting), or ValueError naming the choices."""
+    if schedule is None:
+        return schedule_setting()
+    if schedule not in SCHEDULES:
+        raise ValueError(f"fastreduce: {owner} schedule={schedule!r}: use 'auto' (measured), "
+                         f"'overlap' (reduce buckets during backward) or 'serial' (one "
+                         f"reduction after backward)")
+    return schedule
+
+
+class _Chooser:
+    """Which schedule each step uses: fixed, or for "auto" the warm-up step, then the two
+    alternating, then the one whose median step time, summed over the ranks, is lower."""
+
+    def __init__(self, schedule: str, total: Callable[[torch.Tensor], torch.Tensor]):
+        self.asked = schedule
+        self.mode = "overlap" if schedule == "auto" else schedule
+        self.decided = schedule != "auto"
+        self.samples: dict[str, list[float]] = {"overlap": [], "serial": []}
+        self.measured: dict[str, float] = {}
+        self._total = total
+        self._step = 0
+        self._last_end: float | None = None
+
+    def step_ended(self) -> None:
+        end = time.perf_counter()
+        if not self.decided:
+            if self._step > 0:  # the first step warms up (and rebuilds the buckets)
+                self.samples[self.mode].append(end - self._last_end)
+            self._step += 1
+            if self._step <= 2 * CALIBRATION_STEPS:
+                self.mode = "serial" if self._step % 2 else "overlap"
+            else:
+                self._decide()
+        self._last_end = time.perf_counter()
+
+    def _decide(self) -> None:
+        mine = torch.tensor([statistics.median(self.samples["overlap"]),
+                             statistics.median(self.samples["serial"])], dtype=torch.float64)
+        overlap, serial = (float(v) for v in self._total(mine))
+        self.measured = {"overlap": overlap, "serial": serial}
+        self.mode = "serial" if serial <= overlap else "overlap"
+        self.decided = True
+
+
+class RecurringBuckets:
+    """The schedule of another reducer's buckets (DDP's, through the torch.distributed
+    backend): each step reduces the same bucket buffers in the same order on every rank, so
+    a step ends when a buffer comes round again."""
+
+    def __init__(self, schedule: str, total: Callable[[torch.Tensor], torch.Tensor]):
+        self.chooser = _Chooser(schedule, total)
+        self._seen: set = set()
+
+    def overlap(self, key) -> bool:
+        """Whether the bucket `key` (its buffer's address and size) is reduced in the
+        background (overlap) or at once (serial)."""
+        if key in self._seen:
+            self._seen.clear()
+            self.chooser.step_ended()  # may agree with the other ranks: a collective
+        self._seen.add(key)
+        return self.chooser.mode == "overlap"
+
+
+def _layout(groups: list[list]) -> tuple[list[Bucket], list[Bucket]]:
+    """Buckets for `groups` (each of one dtype and device), contiguous in one flat buffer per
+    dtype and device in group order, and one bucket covering each whole flat buffer."""
+    kinds: dict = {}
+    for group in groups:
+        kinds.setdefault((group[0].dtype, group[0].device), []).append(group)
+    spans: dict = {}
+    wholes = []
+    for k, ((dtype, device), kind_groups) in enumerate(kinds.items()):
+        params = [p for group in kind_groups for p in group]
+        flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
+        views, offset = [], 0
+        for p in params:
+            views.append(flat[offset:offset + p.numel()].view_as(p))
+            spans[p] = (flat, offset, views[-1])
+            offset += p.numel()
+        wholes.append(Bucket(f"flat.{k}", params, flat, views))
+    buckets = []
+    for b, group in enumerate(groups):
+        flat, start, _ = spans[group[0]]
+        numel = sum(p.numel() for p in group)
+        buckets.append(Bucket(f"bucket.{b}", group, flat[start:start + numel],
+                              [spans[p][2] for p in group]))
+    return buckets, wholes
+
+
+class BucketEngine:
+    """Gradients of `params` (trained parameters, registration order) reduced in the buckets
+    `groups` (lists of parameters of one dtype and device, in the order they complete)."""
+
+    def __init__(self, params: list, groups: list[list], reduction: Reduction, *,
+                 schedule: str = "auto", passes: int = 1,
+                 too_many: Callable[[], BaseException],
+                 replan: Callable[[list], list[list]] | None = None,
+                 trace: Callable[[], Trace | None] = lambda: None,
+                 sparse_as_dense: bool = False):
+        self.params = params
+        self.reduction = reduction
+        self.passes = passes
+        self.too_many = too_many  # makes the error for a gradient that arrives too often
+        self.replan = replan if reduction.bcast is not None else None
+        self.trace = trace
+        self.sparse_as_dense = sparse_as_dense
+        self.chooser = _Chooser(schedule, reduction.sum)
+        self.index = {p: i for i, p in enumerate(params)}
+        self.left = [passes] * len(params)  # passes each parameter still takes this step
+        self.fresh = [False] * len(params)  # its view holds this step's gradient
+        self.densified = [False] * len(params)
+        self.sparse: dict = {}  # parameter -> registration index: sparse gradients this step
+        self.arrivals: list[int] | None = [] if self.replan is not None else None
+        self.accumulating = False  # no_sync(): gradients stay local
+        self.dirty = False         # a gradient arrived since the last finish_step()
+        self.next = 0              # the next bucket to start (overlap)
+        self.mode = self.chooser.mode
+        self._set_layout(groups)
+        self.hooks = [h for p in params for h in (
+            p.register_hook(self._make_guard(p)),
+            p.register_post_accumulate_grad_hook(self._on_grad))]
+
+    def _set_layout(self, groups: list[list]) -> None:
+        self.buckets, self.wholes = _layout(groups)
+        self.where = {}
+        for b, bucket in enumerate(self.buckets):
+            for i, p in enumerate(bucket.params):
+                self.where[p] = (b, i)
+
+    @property
+    def bucket_sizes(self) -> list[int]:
+        """Number of parameters in each bucket, in the order the buckets are reduced."""
+        return [len(b.params) for b in self.buckets]
+
+    # -- during backward -------------------------------------------------------------------
+    def _make_guard(self, p: torch.Tensor):
+        index = self.index[p]
+
+        def guard(grad: torch.Tensor) -> None:
+            """Before a gradient is accumulated: refuse one pass too many."""
+            if self.left[index] <= 0 and not self.accumulating:
+                raise self.too_many()
+
+        return guard
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if self.accumulating:
+            return
+        self.dirty = True
+        index = self.index[p]
+        left = self.left[index] - 1
+        self.left[index] = left
+        b, i = self.where[p]
+        bucket = self.buckets[b]
+        grad = p.grad
+        view = bucket.views[i]
+        if grad is not view:  # the first pass since zero_grad(set_to_none=True)
+            if grad.is_sparse and not self.sparse_as_dense:  # the owner reduces it alone
+                self.sparse[p] = index
+            else:
+                with torch.no_grad():
+                    if grad.is_sparse:
+                        self.densified[index] = True
+                        grad = grad.to_dense()
+                    view.copy_(grad)
+                p.grad = view
+        if p not in self.sparse:
+            self.fresh[index] = True
+        if left:
+            return
+        if bucket.nready == 0:
+            bucket.times[0] = now_us()
+        bucket.nready += 1
+        if self.arrivals is not None:
+            self.arrivals.append(index)
+        if bucket.nready == len(bucket.params):
+            bucket.times[1] = now_us()
+        if self.mode == "overlap":
+            buckets = self.buckets
+            while self.next < len(buckets) and (
+                    buckets[self.next].nready == len(buckets[self.next].params)):
+                self._start(buckets[self.next])
+                self.next += 1
+            self._progress()
+
+    def _start(self, bucket: Bucket) -> None:
+        fresh = self.fresh
+        index = self.index
+        with torch.no_grad():
+            for p, view in zip(bucket.params, bucket.views, strict=True):
+                if not fresh[index[p]]:  # no gradient this step: contribute zeros
+                    view.zero_()
+        bucket.times[2] = now_us()
+        bucket.request = request = self.reduction.start(bucket)
+        if self.trace() is not None:
+            times = bucket.times
+            request.add_done_callback(lambda _: times.__setitem__(3, now_us()))
+
+    def _progress(self) -> None:
+        # lets MPI libraries that progress only inside MPI calls advance the reductions
+        for bucket in self.buckets[:self.next]:
+            request = bucket.request
+            if request is not None and not request.done:
+                request.test()
+
+    # -- after backward --------------------------------------------------------------------
+    def finish_step(self) -> None:
+        """Start what is not started, wait for every reduction, leave the results in .grad,
+        and make ready for the next step."""
+        self.dirty = False
+        if self.mode == "overlap":
+            pending = self.buckets
+            while self.next < len(pending):
+                self._start(pending[self.next])
+                self.next += 1
+        else:
+            pending = self.wholes
+            for whole in pending:
+                whole.times[0] = min((b.times[0] for b in self.buckets if b.nready),
+                                     default=0.0)
+                whole.times[1] = max((b.times[1] for b in self.buckets if b.nready),
+                                     default=0.0)
+                self._start(whole)
+        with torch.no_grad():
+            for bucket in pending:
+                self._finish(bucket)
+        self._trace_step(pending)
+        for bucket in self.buckets:
+            bucket.nready = 0
+        self.next = 0
+        self.left = [self.passes] * len(self.params)
+        self.fresh = [False] * len(self.params)
+        self.densified = [False] * len(self.params)
+        self.sparse.clear()
+        if self.arrivals is not None:
+            self._rebuild()
+        self.chooser.step_ended()
+        self.mode = self.chooser.mode
+
+    def _finish(self, bucket: Bucket) -> None:
+        request, bucket.request = bucket.request, None
+        request.wait()
+        bucket.times[4] = now_us()
+        self.reduction.finish(bucket)
+        bucket.sent = bucket.ctx = None
+        index, sparse, densified = self.index, self.sparse, self.densified
+        for p, view in zip(bucket.params, bucket.views, strict=True):
+            if p in sparse:
+                continue
+            if densified[index[p]]:  # sparse_as_dense: the optimizer gets a sparse gradient
+                p.grad = view.to_sparse()
+            elif p.grad is not view:
+                p.grad = view
+
+    def reset(self) -> None:
+        """Forget the gradients of this step (reductions in flight end first)."""
+        with torch.no_grad():
+            for bucket in self.buckets + self.wholes:
+                if bucket.request is not None:
+                    bucket.request.wait()
+                    bucket.request = None
+        for bucket in self.buckets:
+            bucket.nready = 0
+        self.next = 0
+        self.dirty = False
+        self.left = [self.passes] * len(self.params)
+        self.fresh = [False] * len(self.params)
+        self.densified = [False] * len(self.params)
+        self.sparse.clear()
+
+    def _rebuild(self) -> None:
+        """After the first step: the buckets in the order rank 0's gradients arrived."""
+        arrivals, self.arrivals = self.arrivals, None
+        came = set(arrivals)  # parameters without a gradient go last, in plan order
+        arrivals += [self.index[p] for b in self.buckets for p in b.params
+                     if self.index[p] not in came]
+        order = self.reduction.bcast(arrivals)
+        groups = self.replan([self.params[i] for i in order])
+        if [[self.index[p] for p in g] for g in groups] == \
+                [[self.index[p] for p in b.params] for b in self.buckets]:
+            return
+        old = {p: self.buckets[b].views[i] for p, (b, i) in self.where.items()}
+        self._set_layout(groups)
+        with torch.no_grad():
+            for p, (b, i) in self.where.items():
+                view = self.buckets[b].views[i]
+                view.copy_(old[p])
+                if p.grad is old[p]:
+                    p.grad = view
+
+    def _trace_step(self, reduced: list[Bucket]) -> None:
+        trace = self.trace()
+        if trace is None:
+            return
+        for bucket in reduced:
+            first, ready, started, done, waited = bucket.times
+            done = done or waited
+            row = f"{bucket.label} ({len(bucket.params)} tensors)"
+            args = {"bytes": bucket.flat.numel() * bucket.flat.element_size(),
+                    "schedule": self.mode}
+            if first and ready:
+                trace.complete("FILL", "bucket", row, first, ready, args)
+            if ready:
+                trace.complete("QUEUED", "bucket", row, ready, started, args)
+            trace.complete("REDUCE", "bucket", row, started, done, args)
+            trace.complete("WAIT", "bucket", row, done, waited, args)
+            bucket.times = [0.0, 0.0, 0.0, 0.0, 0.0]
+        trace.flush()
+
+    def remove(self) -> None:
+        """Detach the gradient hooks."""
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
