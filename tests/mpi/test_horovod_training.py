@@ -164,6 +164,20 @@ def test_training(checks, monkeypatch, what, make_opt, fusion, kwargs):
     train(checks, what, make_opt, **kwargs)
 
 
+@pytest.mark.parametrize("schedule", ["overlap", "serial", "serial-in-place"])
+def test_training_under_each_schedule(checks, monkeypatch, schedule):
+    """Each gradient schedule, fixed, with a predivide factor and fp16 compression, trains
+    like the wrapped optimizer (serial-in-place: every gradient reduced where it is)."""
+    from fastreduce.torch import buckets  # noqa: PLC0415
+
+    if schedule == "serial-in-place":
+        monkeypatch.setattr(buckets, "DIRECT_BYTES", 0)
+    monkeypatch.setenv("FASTREDUCE_GRADIENT_SCHEDULE", schedule.removesuffix("-in-place"))
+    train(checks, f"SGD, predivide 2, fp16 compression, {schedule}", sgd,
+          gradient_predivide_factor=2.0, compression=hvd.Compression.fp16, tol=2e-3,
+          passes=2)
+
+
 def test_explicit_groups(checks):
     """DistributedOptimizer(groups=[[...], [...]]): the listed parameters reduced together."""
     names = [n for n, _ in Net().named_parameters()]

@@ -135,6 +135,53 @@ def test_ddp_gradients_are_averages(world, checks):
     checks.run("ddp gradients", body)
 
 
+class Wide(nn.Module):
+    """Buckets of more than 64 KiB: DDP's asyncOp all-reduces go to the progress engine,
+    where the gradient schedule applies."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(12, 128)
+        self.b = nn.Linear(128, 128)
+        self.c = nn.Linear(128, 6)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def test_ddp_follows_the_gradient_schedule(world, checks):
+    """DDP's buckets on the backend: "auto" times the overlap and serial schedules on the
+    first steps and keeps one, the same on every rank; the model is gloo's throughout."""
+    from fastreduce.backend import engine  # noqa: PLC0415
+    from fastreduce.torch.buckets import CALIBRATION_STEPS  # noqa: PLC0415
+
+    if not engine.state()[0] or engine.host_bytes() < 0:
+        pytest.skip(f"no DDP bucket reaches the progress engine ({engine.state()[1]}, host "
+                    f"bytes {engine.host_bytes()})")
+    backend = world.world
+    backend._buckets = None  # a fresh schedule for this case
+    steps = 1 + 2 * CALIBRATION_STEPS + 2
+    models = []
+    for pg in (world.world, world.gloo):
+        torch.manual_seed(0)
+        model = Wide()
+        ddp = DDP(model, process_group=pg, bucket_cap_mb=0.1)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(steps):
+            opt.zero_grad()
+            x, y = batch(world.rank, step)
+            nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        models.append(model)
+    same_params(checks, models[0], models[1], "DDP under the gradient schedule")
+    chooser = backend._buckets.chooser
+    checks.check(chooser.decided and set(chooser.measured) == {"overlap", "serial"},
+                 f"not decided after {steps} steps: {chooser.measured}")
+    chosen = [None] * world.size
+    dist.all_gather_object(chosen, (chooser.mode, chooser.measured), group=world.gloo)
+    checks.check(all(c == chosen[0] for c in chosen), f"ranks chose differently: {chosen}")
+
+
 def zero_run(rank, pg):
     from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -7,15 +7,18 @@ or Horovod's negotiated one with its compression and scale factors) and keeps on
 arguments and errors. The engine owns the rest:
 
 - **Layout**: one flat buffer per dtype and device holding every trained parameter's
-  gradient (each .grad is a view into it); a bucket is a contiguous slice of it.
+  gradient (each .grad is a view into it); a bucket is a contiguous slice of it. The serial
+  schedule copies nothing it need not: gradients of DIRECT_BYTES and more are reduced in
+  place where autograd left them, the smaller ones in one flat buffer of their own.
 - **Readiness**: a post-accumulate hook per parameter counts its backward passes; a bucket
   is ready when its last parameter's last pass has been accumulated.
 - **Schedule**: ``overlap`` starts each bucket's non-blocking reduction as soon as it and
   every bucket before it are ready (the order is the same on every rank); ``serial``
-  reduces each flat buffer in one call after backward, which nothing beats where backward
-  and the reduction compete for the same cores (one core per rank). ``auto`` times both on
+  reduces everything after backward, which nothing beats where backward and the reduction
+  compete for the same cores (one core per rank). ``auto`` times both on
   the training loop's own steps: after a first step, CALIBRATION_STEPS steps of each,
-  alternating; the ranks add up their medians (one small reduction) and keep the faster.
+  alternating; the ranks add up their medians (one small reduction) and keep overlap only
+  if it is faster than serial by more than OVERLAP_MARGIN (serial is the safe choice).
 - **Order**: after the first step, the buckets are rebuilt in the order the gradients
   arrived on rank 0 (DDP does the same), so the first bucket reduced is the first complete.
 - **Timeline**: each bucket's phases per step (filling, queued, reducing, done) as a Chrome
@@ -34,11 +37,16 @@ import torch
 from .. import settings
 from ..timeline import Trace, now_us
 
-__all__ = ["CALIBRATION_STEPS", "LAST_BUCKET_BYTES", "SCHEDULES", "Bucket", "BucketEngine",
+__all__ = ["CALIBRATION_STEPS", "DIRECT_BYTES", "LAST_BUCKET_BYTES", "OVERLAP_MARGIN",
+           "SCHEDULES", "Bucket", "BucketEngine",
            "RecurringBuckets", "Reduction", "plan_buckets"]
 
 SCHEDULES = ("auto", "overlap", "serial")
-CALIBRATION_STEPS = 3  # steps timed per schedule by "auto"
+CALIBRATION_STEPS = 4  # steps timed per schedule by "auto"
+OVERLAP_MARGIN = 0.03  # overlap is kept only if it is this much faster than serial
+# The serial schedule reduces gradients of at least this size in place, one call each: the
+# call costs less than copying them into a flat buffer and back.
+DIRECT_BYTES = 1 << 20
 # The last bucket's size: its reduction is what remains to do once backward has ended.
 LAST_BUCKET_BYTES = 1 << 20
 
@@ -156,7 +164,7 @@ class _Chooser:
                              statistics.median(self.samples["serial"])], dtype=torch.float64)
         overlap, serial = (float(v) for v in self._total(mine))
         self.measured = {"overlap": overlap, "serial": serial}
-        self.mode = "serial" if serial <= overlap else "overlap"
+        self.mode = "overlap" if overlap < (1 - OVERLAP_MARGIN) * serial else "serial"
         self.decided = True
 
 
@@ -179,30 +187,44 @@ class RecurringBuckets:
         return self.chooser.mode == "overlap"
 
 
+def _flat(params: list) -> tuple[torch.Tensor, list]:
+    """A zeroed flat buffer for `params` (one dtype and device) and a view of it shaped
+    like each parameter."""
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
+                       device=params[0].device)
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return flat, views
+
+
 def _layout(groups: list[list]) -> tuple[list[Bucket], list[Bucket]]:
     """Buckets for `groups` (each of one dtype and device), contiguous in one flat buffer per
-    dtype and device in group order, and one bucket covering each whole flat buffer."""
+    dtype and device in group order; and for the serial schedule, per dtype and device, a
+    bucket of the parameters smaller than DIRECT_BYTES."""
     kinds: dict = {}
     for group in groups:
         kinds.setdefault((group[0].dtype, group[0].device), []).append(group)
     spans: dict = {}
-    wholes = []
-    for k, ((dtype, device), kind_groups) in enumerate(kinds.items()):
+    smalls = []
+    for k, kind_groups in enumerate(kinds.values()):
         params = [p for group in kind_groups for p in group]
-        flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
-        views, offset = [], 0
-        for p in params:
-            views.append(flat[offset:offset + p.numel()].view_as(p))
-            spans[p] = (flat, offset, views[-1])
+        flat, views = _flat(params)
+        offset = 0
+        for p, view in zip(params, views, strict=True):
+            spans[p] = (flat, offset, view)
             offset += p.numel()
-        wholes.append(Bucket(f"flat.{k}", params, flat, views))
+        small = [p for p in params if p.numel() * p.element_size() < DIRECT_BYTES]
+        if small:
+            smalls.append(Bucket(f"small.{k}", small, *_flat(small)))
     buckets = []
     for b, group in enumerate(groups):
         flat, start, _ = spans[group[0]]
         numel = sum(p.numel() for p in group)
         buckets.append(Bucket(f"bucket.{b}", group, flat[start:start + numel],
                               [spans[p][2] for p in group]))
-    return buckets, wholes
+    return buckets, smalls
 
 
 class BucketEngine:
@@ -239,11 +261,16 @@ class BucketEngine:
             p.register_post_accumulate_grad_hook(self._on_grad))]
 
     def _set_layout(self, groups: list[list]) -> None:
-        self.buckets, self.wholes = _layout(groups)
+        self.buckets, self.smalls = _layout(groups)
         self.where = {}
         for b, bucket in enumerate(self.buckets):
             for i, p in enumerate(bucket.params):
                 self.where[p] = (b, i)
+        self.small_view = {p: v for small in self.smalls
+                           for p, v in zip(small.params, small.views, strict=True)}
+        # the gradients the serial schedule reduces in place, in plan order (every rank's)
+        self.direct = [p for bucket in self.buckets for p in bucket.params
+                       if p not in self.small_view]
 
     @property
     def bucket_sizes(self) -> list[int]:
@@ -271,17 +298,21 @@ class BucketEngine:
         b, i = self.where[p]
         bucket = self.buckets[b]
         grad = p.grad
-        view = bucket.views[i]
-        if grad is not view:  # the first pass since zero_grad(set_to_none=True)
-            if grad.is_sparse and not self.sparse_as_dense:  # the owner reduces it alone
-                self.sparse[p] = index
-            else:
-                with torch.no_grad():
-                    if grad.is_sparse:
-                        self.densified[index] = True
-                        grad = grad.to_dense()
-                    view.copy_(grad)
-                p.grad = view
+        overlap = self.mode == "overlap"
+        view = bucket.views[i] if overlap else self.small_view.get(p)
+        if grad.is_sparse and not self.sparse_as_dense:  # the owner reduces it alone
+            self.sparse[p] = index
+        elif view is None:  # serial, a large gradient: reduced where it is
+            if grad.is_sparse:
+                self.densified[index] = True
+                p.grad = grad.to_dense()
+        elif grad is not view:  # the first pass since zero_grad(set_to_none=True)
+            with torch.no_grad():
+                if grad.is_sparse:
+                    self.densified[index] = True
+                    grad = grad.to_dense()
+                view.copy_(grad)
+            p.grad = view
         if p not in self.sparse:
             self.fresh[index] = True
         if left:
@@ -293,7 +324,7 @@ class BucketEngine:
             self.arrivals.append(index)
         if bucket.nready == len(bucket.params):
             bucket.times[1] = now_us()
-        if self.mode == "overlap":
+        if overlap:
             buckets = self.buckets
             while self.next < len(buckets) and (
                     buckets[self.next].nready == len(buckets[self.next].params)):
@@ -332,13 +363,7 @@ class BucketEngine:
                 self._start(pending[self.next])
                 self.next += 1
         else:
-            pending = self.wholes
-            for whole in pending:
-                whole.times[0] = min((b.times[0] for b in self.buckets if b.nready),
-                                     default=0.0)
-                whole.times[1] = max((b.times[1] for b in self.buckets if b.nready),
-                                     default=0.0)
-                self._start(whole)
+            pending = self._start_serial()
         with torch.no_grad():
             for bucket in pending:
                 self._finish(bucket)
@@ -354,6 +379,36 @@ class BucketEngine:
             self._rebuild()
         self.chooser.step_ended()
         self.mode = self.chooser.mode
+
+    def _start_serial(self) -> list[Bucket]:
+        """The serial schedule's reductions, started: each small bucket, then each large
+        gradient in place (in its bucket's view if it has none, or none contiguous)."""
+        first = min((b.times[0] for b in self.buckets if b.nready), default=0.0)
+        ready = max((b.times[1] for b in self.buckets if b.nready), default=0.0)
+        started = []
+        for small in self.smalls:
+            small.times[0], small.times[1] = first, ready
+            self._start(small)
+            started.append(small)
+        index, fresh, sparse = self.index, self.fresh, self.sparse
+        for p in self.direct:
+            i = index[p]
+            grad = p.grad
+            if not fresh[i] or p in sparse or not grad.is_contiguous():
+                b, j = self.where[p]
+                view = self.buckets[b].views[j]
+                with torch.no_grad():
+                    if fresh[i] and p not in sparse:
+                        view.copy_(grad)
+                    else:  # no gradient this step: contribute zeros
+                        view.zero_()
+                grad = view
+            fresh[i] = True
+            direct = Bucket(f"grad.{i}", [p], grad.view(-1), [grad])
+            direct.times[0], direct.times[1] = first, ready
+            self._start(direct)
+            started.append(direct)
+        return started
 
     def _finish(self, bucket: Bucket) -> None:
         request, bucket.request = bucket.request, None
@@ -373,7 +428,7 @@ class BucketEngine:
     def reset(self) -> None:
         """Forget the gradients of this step (reductions in flight end first)."""
         with torch.no_grad():
-            for bucket in self.buckets + self.wholes:
+            for bucket in self.buckets + self.smalls:
                 if bucket.request is not None:
                     bucket.request.wait()
                     bucket.request = None
@@ -397,13 +452,14 @@ class BucketEngine:
         if [[self.index[p] for p in g] for g in groups] == \
                 [[self.index[p] for p in b.params] for b in self.buckets]:
             return
-        old = {p: self.buckets[b].views[i] for p, (b, i) in self.where.items()}
+        old = {p: (self.buckets[b].views[i], self.small_view.get(p))
+               for p, (b, i) in self.where.items()}
         self._set_layout(groups)
         with torch.no_grad():
             for p, (b, i) in self.where.items():
-                view = self.buckets[b].views[i]
-                view.copy_(old[p])
-                if p.grad is old[p]:
+                if p.grad is not None and any(p.grad is v for v in old[p]):
+                    view = self.buckets[b].views[i]
+                    view.copy_(p.grad)
                     p.grad = view
 
     def _trace_step(self, reduced: list[Bucket]) -> None:
