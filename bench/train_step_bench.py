@@ -9,16 +9,20 @@ default, 2048 x 6, has 25.2M parameters), SGD, batch `--batch`, every rank on it
 times, alternating, per step in ms (median of `--repeat` runs of `--steps` steps):
 
   no communication   forward, backward, optimizer step
+  backward, allreduce  the same, with one allreduce_ of a buffer the size of all gradients
+                     between backward and the step: the serial schedule done by hand (the
+                     ranks wait for each other every step, as any data-parallel step does)
   GradientSync       fastreduce.GradientSync (the bucket engine; --schedule, default auto)
   hvd                fastreduce.horovod's DistributedOptimizer (the same engine, negotiated)
   DDP fastreduce     DistributedDataParallel on fastreduce's torch.distributed backend
   DDP gloo           DistributedDataParallel on gloo
   allreduce alone    one allreduce_ of a buffer the size of all gradients (no model)
 
-and the ratios GradientSync / (no communication + allreduce alone) (the serial floor:
-backward, then one all-reduce), hvd / GradientSync, DDP fastreduce / GradientSync and
-GradientSync / DDP gloo, each taken within a run. The schedule each one chose, and what
-"auto" measured, are printed. `--timeline PATH` writes GradientSync's Chrome trace.
+and the ratios GradientSync / (no communication + allreduce alone), GradientSync /
+(backward, allreduce) (the serial floor measured as a step), hvd / GradientSync,
+DDP fastreduce / GradientSync and GradientSync / DDP gloo, each taken within a run. The
+schedule each one chose, and what "auto" measured, are printed. `--timeline PATH` writes
+GradientSync's Chrome trace.
 """
 
 from __future__ import annotations
@@ -87,17 +91,21 @@ def main() -> int:
         sync()
         return comm.allreduce(time.perf_counter() - start, op=MPI.MAX) / args.steps
 
-    def training(model, opt):
+    def training(model, opt, after_backward=None):
         def step():
             opt.zero_grad()
             model(x).square().mean().backward()
+            if after_backward is not None:
+                after_backward()
             opt.step()
         return step
 
     def model() -> torch.nn.Module:
         return make_mlp(args.width, args.depth, device)
 
-    plain, synced, horovod = model(), model(), model()
+    plain, serial, synced, horovod = model(), model(), model(), model()
+    n_params = sum(q.numel() for q in plain.parameters())
+    flat = torch.zeros(n_params, device=device)
     gsync = fastreduce.GradientSync(synced, schedule=args.schedule, timeline=args.timeline)
     opt = torch.optim.SGD(synced.parameters(), 1e-3)
     gsync.attach(opt)
@@ -107,13 +115,13 @@ def main() -> int:
     ddp_gloo = torch.nn.parallel.DistributedDataParallel(model(), process_group=gloo)
     variants = {
         "no communication": training(plain, torch.optim.SGD(plain.parameters(), 1e-3)),
+        "backward, allreduce": training(serial, torch.optim.SGD(serial.parameters(), 1e-3),
+                                        lambda: fastreduce.allreduce_(flat)),
         "GradientSync": training(synced, opt),
         "hvd": training(horovod, hvd_opt),
         "DDP fastreduce": training(ddp_fr, torch.optim.SGD(ddp_fr.parameters(), 1e-3)),
         "DDP gloo": training(ddp_gloo, torch.optim.SGD(ddp_gloo.parameters(), 1e-3)),
     }
-    n_params = sum(q.numel() for q in plain.parameters())
-    flat = torch.zeros(n_params, device=device)
     variants["allreduce alone"] = lambda: fastreduce.allreduce_(flat)
     samples = {name: [] for name in variants}
     for _ in range(args.repeat):
@@ -127,6 +135,8 @@ def main() -> int:
 
     ratios = {"GradientSync / (no communication + allreduce alone)":
               ratio("GradientSync", "no communication", "allreduce alone"),
+              "GradientSync / (backward, allreduce)": ratio("GradientSync",
+                                                            "backward, allreduce"),
               "hvd / GradientSync": ratio("hvd", "GradientSync"),
               "DDP fastreduce / GradientSync": ratio("DDP fastreduce", "GradientSync"),
               "GradientSync / DDP gloo": ratio("GradientSync", "DDP gloo")}
