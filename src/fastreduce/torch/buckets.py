@@ -135,7 +135,9 @@ def check_schedule(schedule: str | None, owner: str) -> str:
 
 class _Chooser:
     """Which schedule each step uses: fixed, or for "auto" the warm-up step, then the two
-    alternating, then the one whose median step time, summed over the ranks, is lower."""
+    alternating, then overlap if its median step time, summed over the ranks, is lower than
+    serial's by OVERLAP_MARGIN, else serial. Every rank counts the same steps, so every
+    rank runs the same schedule in each step."""
 
     def __init__(self, schedule: str, total: Callable[[torch.Tensor], torch.Tensor]):
         self.asked = schedule
