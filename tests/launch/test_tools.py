@@ -248,14 +248,20 @@ def test_segment_setting(monkeypatch):
 
 
 def test_train_step_bench_cpu_sized():
-    """bench/train_step_bench.py in CI size: every variant timed, both ratios printed."""
+    """bench/train_step_bench.py in CI size: every variant timed, the ratios and the schedules
+    printed."""
     script = str(Path(__file__).resolve().parents[2] / "bench" / "train_step_bench.py")
     rc, out = run_mpi(2, sys.executable, script, "--width", "64", "--depth", "2", "--batch",
                       "8", "--steps", "2", "--repeat", "1", timeout=300)
     assert rc == 0, out
-    for name in ("no communication", "GradientSync", "coalesced", "DDP gloo", "allreduce alone"):
+    for name in ("no communication", "backward, allreduce", "GradientSync", "hvd",
+                 "DDP fastreduce", "DDP gloo", "allreduce alone"):
         assert re.search(rf"^  {name} +[0-9.]+ ms$", out, re.M), (name, out)
-    assert re.search(r"GradientSync / DDP gloo: [0-9.]+", out), out
+    for ratio in ("GradientSync / (backward, allreduce)", "hvd / GradientSync",
+                  "DDP fastreduce / GradientSync", "GradientSync / DDP gloo"):
+        assert re.search(rf"{re.escape(ratio)}: [0-9.]+", out), (ratio, out)
+    for who in ("GradientSync", "hvd", "DDP fastreduce"):
+        assert re.search(rf"{who} schedule: (overlap|serial|not used)", out), (who, out)
 
 
 def test_engine_settings(monkeypatch):
