@@ -140,7 +140,6 @@ class _Chooser:
     rank runs the same schedule in each step."""
 
     def __init__(self, schedule: str, total: Callable[[torch.Tensor], torch.Tensor]):
-        self.asked = schedule
         self.mode = "overlap" if schedule == "auto" else schedule
         self.decided = schedule != "auto"
         self.samples: dict[str, list[float]] = {"overlap": [], "serial": []}
@@ -248,19 +247,31 @@ class BucketEngine:
         self.sparse_as_dense = sparse_as_dense
         self.chooser = _Chooser(schedule, reduction.sum)
         self.index = {p: i for i, p in enumerate(params)}
-        self.left = [passes] * len(params)  # passes each parameter still takes this step
-        self.fresh = [False] * len(params)  # its view holds this step's gradient
-        self.densified = [False] * len(params)
         self.sparse: dict = {}  # parameter -> registration index: sparse gradients this step
         self.arrivals: list[int] | None = [] if self.replan is not None else None
         self.accumulating = False  # no_sync(): gradients stay local
-        self.dirty = False         # a gradient arrived since the last finish_step()
-        self.next = 0              # the next bucket to start (overlap)
-        self.mode = self.chooser.mode
         self._set_layout(groups)
+        self._new_step()
         self.hooks = [h for p in params for h in (
             p.register_hook(self._make_guard(p)),
             p.register_post_accumulate_grad_hook(self._on_grad))]
+
+    @property
+    def mode(self) -> str:
+        """The schedule of the step under way: "overlap" or "serial"."""
+        return self.chooser.mode
+
+    def _new_step(self) -> None:
+        """Nothing accumulated, nothing started: the state at the start of a step."""
+        for bucket in self.buckets:
+            bucket.nready = 0
+        self.next = 0        # the next bucket to start (overlap)
+        self.dirty = False   # a gradient arrived since the last finish_step()
+        n = len(self.params)
+        self.left = [self.passes] * n  # passes each parameter still takes this step
+        self.fresh = [False] * n       # its view holds this step's gradient
+        self.densified = [False] * n
+        self.sparse.clear()
 
     def _set_layout(self, groups: list[list]) -> None:
         self.buckets, self.smalls = _layout(groups)
@@ -370,17 +381,10 @@ class BucketEngine:
             for bucket in pending:
                 self._finish(bucket)
         self._trace_step(pending)
-        for bucket in self.buckets:
-            bucket.nready = 0
-        self.next = 0
-        self.left = [self.passes] * len(self.params)
-        self.fresh = [False] * len(self.params)
-        self.densified = [False] * len(self.params)
-        self.sparse.clear()
+        self._new_step()
         if self.arrivals is not None:
             self._rebuild()
         self.chooser.step_ended()
-        self.mode = self.chooser.mode
 
     def _start_serial(self) -> list[Bucket]:
         """The serial schedule's reductions, started: each small bucket, then each large
@@ -434,14 +438,7 @@ class BucketEngine:
                 if bucket.request is not None:
                     bucket.request.wait()
                     bucket.request = None
-        for bucket in self.buckets:
-            bucket.nready = 0
-        self.next = 0
-        self.dirty = False
-        self.left = [self.passes] * len(self.params)
-        self.fresh = [False] * len(self.params)
-        self.densified = [False] * len(self.params)
-        self.sparse.clear()
+        self._new_step()
 
     def _rebuild(self) -> None:
         """After the first step: the buckets in the order rank 0's gradients arrived."""
