@@ -7,9 +7,9 @@ memory can be checked here: results against the host path, the copies made (by
 fastreduce's counters and, independently, the fake's), pinned-buffer reuse,
 pipelined chunks, stream ordering, the CUDA-aware branch, and bad input.
 
-Every case runs twice: with the progress engine (profile fakecuda, 1, 2 and 4 ranks), and
-with FASTREDUCE_ENGINE=0 (profile fakecuda-engine-off, 2 ranks), where non-blocking GPU
-calls keep to MPI's non-blocking collectives.
+Every case runs twice (profile fakecuda): with the progress engine (1, 2 and 4 ranks), and
+with it off (engine.set_enabled(False), as FASTREDUCE_ENGINE=0; 2 ranks), where
+non-blocking GPU calls keep to MPI's non-blocking collectives.
 """
 
 from __future__ import annotations
@@ -30,15 +30,19 @@ from fastreduce.backend import cudart as _cuda
     pytest.param("engine", id="engine",
                  marks=pytest.mark.mpi(ranks=(1, 2, 4), profile="fakecuda")),
     pytest.param("engine-off", id="engine-off",
-                 marks=pytest.mark.mpi(ranks=(2,), profile="fakecuda-engine-off")),
+                 marks=pytest.mark.mpi(ranks=(2,), profile="fakecuda")),
 ])
 def not_cuda_aware(request):
-    """Each case with and without the engine (FASTREDUCE_ENGINE=0: non-blocking GPU calls
-    keep to MPI's non-blocking collectives); the MPI declared not CUDA-aware for the
-    module, the fake device quiet at its end."""
+    """Each case with and without the engine (off: non-blocking GPU calls keep to MPI's
+    non-blocking collectives); the MPI declared not CUDA-aware for the module, the fake
+    device quiet at its end."""
+    from fastreduce.backend import engine
+
     fastreduce.set_cuda_aware(False)
+    engine.set_enabled(None if request.param == "engine" else False)
     yield request.param
     fakecuda.quiesce()
+    engine.set_enabled(None)
     fastreduce.set_cuda_aware(None)
 
 

@@ -6,7 +6,6 @@ CollectiveMismatch within seconds instead of waiting forever."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -22,15 +21,24 @@ pytestmark = pytest.mark.timeout(100)  # a hang shows where, long before the job
 # The cases of the old debug_mode worker (different counts, dtypes, ops, a skipped call,
 # blocking against non-blocking, in the core, the layers and the torch backend), and
 # those of the old debug_order worker (different orders on two communicators).
-mismatch_case = pytest.mark.mpi(ranks=(1, 2, 4), profile="debug")
-order_case = pytest.mark.mpi(ranks=(2, 3, 4), profile="debug")
+mismatch_case = pytest.mark.mpi(ranks=(1, 2, 4))
+order_case = pytest.mark.mpi(ranks=(2, 3, 4))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def debug_mode():
+    """Debug mode on for this module's cases (as FASTREDUCE_DEBUG=1 puts it on at import),
+    then back to the environment's setting."""
+    assert not fastreduce.checks.debug(), "the session must not run in debug mode"
+    fastreduce.set_debug(True)
+    yield
+    fastreduce.set_debug(None)
 
 
 @pytest.fixture
 def debug_checks(checks):
-    """`checks`, after checking that the session runs in debug mode."""
-    checks.check(os.environ.get("FASTREDUCE_DEBUG") == "1" and fastreduce.checks.debug(),
-                 "debug mode is not on")
+    """`checks`, after checking that debug mode is on."""
+    checks.check(fastreduce.checks.debug(), "debug mode is not on")
     return checks
 
 

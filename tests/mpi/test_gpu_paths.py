@@ -3,7 +3,7 @@ and the calibration: over the fake CUDA runtime and a fake MPI layer that record
 memory every all-reduce is handed (tests/support/fakempi).
 
 The pointer log records the kind of memory every MPI_Allreduce and MPI_Iallreduce is handed,
-so these checks see what MPI itself was given (profile fakecuda-pointerlog, which loads it
+so these checks see what MPI itself was given (profile fakecuda, which loads it
 before fastreduce; on 1 to 4 ranks):
 
   families     for each MPI family's answer (fake MPI_Get_library_version texts, CUDA-aware),
@@ -47,7 +47,7 @@ RANK, SIZE = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
 BF16 = (4, 16, 1)
 REAL_MEASURE = calib._measure
 
-over_the_fakes = pytest.mark.mpi(profile="fakecuda-pointerlog")
+over_the_fakes = pytest.mark.mpi(profile="fakecuda")
 one_rank = pytest.mark.mpi(ranks=1)
 
 FAMILIES = {  # name -> (MPI_Get_library_version text, environment, blocking, non-blocking, 16-bit)
@@ -485,7 +485,7 @@ def test_bad_setting(checks, gpu_settings, fake_timings, variable, value, words)
     checks.expect(ValueError, words, lambda: fastreduce.allreduce_(x), x)
 
 
-@pytest.mark.mpi(ranks=(2, 3, 4), profile="fakecuda-pointerlog")
+@pytest.mark.mpi(ranks=(2, 3, 4), profile="fakecuda")
 @pytest.mark.parametrize(("label", "variable", "value"), [
     ("disagree", "FASTREDUCE_GPU_PATH", "staged"),
     ("bad on rank 0", "FASTREDUCE_GPU_PATH", "fast"),

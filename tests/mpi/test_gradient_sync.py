@@ -22,19 +22,21 @@ STEPS = 4
 @pytest.fixture(autouse=True, params=[
     pytest.param("default", marks=[pytest.mark.mpi(ranks=(1, 2, 3, 4)),
                                    pytest.mark.across_nodes, pytest.mark.minimum_versions]),
-    pytest.param("engine-every-size", marks=pytest.mark.mpi(ranks=3,
-                                                            profile="engine-every-size")),
-    pytest.param("engine-host-off", marks=pytest.mark.mpi(ranks=3, profile="engine-host-off")),
+    pytest.param("engine-every-size", marks=pytest.mark.mpi(ranks=3)),
+    pytest.param("engine-host-off", marks=pytest.mark.mpi(ranks=3)),
 ])
 def engine(request):
-    """The session's profile: the default, every bucket through the progress engine
-    (FASTREDUCE_ENGINE_HOST_BYTES=0), or none (off)."""
+    """The progress engine's host threshold as the environment says (default), every
+    bucket through the engine (0 bytes), or none (MPI's non-blocking collectives)."""
     from fastreduce.backend import engine
 
+    engine.set_host({"default": None, "engine-every-size": True,
+                     "engine-host-off": False}[request.param])
     want = {"default": engine.DEFAULT_HOST_BYTES, "engine-every-size": 0,
             "engine-host-off": -1}[request.param]
-    assert engine.host_bytes() == want, f"profile {request.param}: {engine.host_bytes()}"
-    return request.param
+    assert engine.host_bytes() == want, f"{request.param}: {engine.host_bytes()}"
+    yield request.param
+    engine.set_host(None)
 
 
 @pytest.mark.parametrize("bucket_mb", [25, 0.002], ids=["one-bucket", "tiny-buckets"])

@@ -26,15 +26,21 @@ frd = pytest.importorskip("fastreduce.distributed", exc_type=ImportError)
 @pytest.fixture(scope="module", autouse=True, params=[
     pytest.param("default", id="default",
                  marks=[pytest.mark.mpi(ranks=(1, 2, 3, 4)), pytest.mark.across_nodes]),
-    pytest.param("engine-off", id="engine-off",
-                 marks=pytest.mark.mpi(ranks=3, profile="engine-off")),
-    pytest.param("engine-every-size", id="engine-every-size",
-                 marks=pytest.mark.mpi(ranks=3, profile="engine-every-size")),
+    pytest.param("engine-off", id="engine-off", marks=pytest.mark.mpi(ranks=3)),
+    pytest.param("engine-every-size", id="engine-every-size", marks=pytest.mark.mpi(ranks=3)),
 ])
 def engine(request):
-    """The session's profile: the default, the progress engine off (FASTREDUCE_ENGINE=0),
-    or every non-blocking host operation on it (FASTREDUCE_ENGINE_HOST_BYTES=0)."""
-    return request.param
+    """The progress engine as the environment says (default), off (non-blocking calls on
+    MPI's non-blocking collectives), or running every non-blocking host operation."""
+    from fastreduce.backend import engine
+
+    if request.param == "engine-off":
+        engine.set_enabled(False)
+    elif request.param == "engine-every-size":
+        engine.set_host(True)
+    yield request.param
+    engine.set_enabled(None)
+    engine.set_host(None)
 
 
 @dataclass

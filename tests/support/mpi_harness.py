@@ -31,6 +31,7 @@ import os
 import shlex
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -209,6 +210,9 @@ class MPIHarness:
         sys.stderr.flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
+        # The launcher forwards output through its own pipes and kills the job at the abort:
+        # on a loaded machine, the report above can still be in flight then and be lost.
+        time.sleep(1.0)
         MPI.COMM_WORLD.Abort(TIMED_OUT_EXIT)
 
     # -- the end ------------------------------------------------------------------------
@@ -233,11 +237,13 @@ def _skip_reason(report) -> str:
 
 
 def apply_profile(name: str) -> None:
-    """Set the profile's variables (and clear the others) before fastreduce is imported."""
+    """Set the profile's variables (and clear the others) and load what it loads, before
+    fastreduce is imported."""
     env = profiles.environment(name)
     for variable in profiles.CLEARED:
         os.environ.pop(variable, None)
     os.environ.update(env)
+    profiles.prepare(name)
 
 
 # -- the plugin's hooks and fixtures, imported by the conftest.py of each folder of cases --

@@ -21,36 +21,28 @@ def _fake_cuda() -> dict[str, str]:
     return {"FASTREDUCE_CUDART": fakecuda.library_path()}
 
 
-def _pointer_log() -> dict[str, str]:
-    """The fake CUDA runtime, with the fake MPI layer's pointer log loaded now: it must be
-    loaded before fastreduce is imported, which no case can do (tests/support/fakempi)."""
+def _fake_cuda_and_pointer_log() -> None:
+    """The fake MPI layer's pointer log (tests/support/fakempi), which records the kind of
+    memory every all-reduce is handed: it must be loaded before fastreduce is imported,
+    which no case can do. It passes every call on to the real MPI."""
     import fakempi
 
     fakempi.install()
-    return _fake_cuda()
 
 
-# name -> (what it is for, a function giving the variables it sets)
+# name -> (what it is for, a function giving the variables it sets, what the session loads
+# before fastreduce or None). Settings fastreduce reads at each call (the progress engine's,
+# debug mode) are not profiles: a fixture sets them for its cases (engine.set_enabled,
+# engine.set_host, fastreduce.set_debug), in the default session of that size.
 PROFILES = {
-    "default": ("no fastreduce setting", dict),
-    "fakecuda": ("the GPU paths over the fake CUDA runtime (tests/support/fakecuda)",
-                 _fake_cuda),
-    "fakecuda-engine-off": ("the GPU paths without the progress engine",
-                            lambda: {**_fake_cuda(), "FASTREDUCE_ENGINE": "0"}),
-    "debug": ("debug mode: every call's arguments compared across ranks",
-              lambda: {"FASTREDUCE_DEBUG": "1"}),
-    "engine-off": ("non-blocking calls on MPI's non-blocking collectives",
-                   lambda: {"FASTREDUCE_ENGINE": "0"}),
-    "engine-every-size": ("every non-blocking host call through the progress engine",
-                          lambda: {"FASTREDUCE_ENGINE_HOST_BYTES": "0"}),
-    "engine-host-off": ("no non-blocking host call through the progress engine",
-                        lambda: {"FASTREDUCE_ENGINE_HOST_BYTES": "off"}),
+    "default": ("no fastreduce setting", dict, None),
+    "fakecuda": ("the GPU paths over the fake CUDA runtime (tests/support/fakecuda), MPI "
+                 "calls logged by the kind of memory they are handed (tests/support/fakempi)",
+                 _fake_cuda, _fake_cuda_and_pointer_log),
     "half-ops-fastreduce": ("fastreduce's own 16-bit float ops",
-                            lambda: {"FASTREDUCE_HALF_OPS": "fastreduce"}),
+                            lambda: {"FASTREDUCE_HALF_OPS": "fastreduce"}, None),
     "half-ops-mpi": ("the MPI's 16-bit float types where it has them",
-                     lambda: {"FASTREDUCE_HALF_OPS": "mpi"}),
-    "fakecuda-pointerlog": ("the fake CUDA runtime, MPI calls logged by the kind of memory "
-                            "they are handed (tests/support/fakempi)", _pointer_log),
+                     lambda: {"FASTREDUCE_HALF_OPS": "mpi"}, None),
 }
 
 
@@ -59,3 +51,10 @@ def environment(name: str) -> dict[str, str]:
     if name not in PROFILES:
         raise KeyError(f"unknown test profile {name!r}; known: {', '.join(PROFILES)}")
     return PROFILES[name][1]()
+
+
+def prepare(name: str) -> None:
+    """Load what profile `name` needs loaded before fastreduce (a session's start only)."""
+    environment(name)
+    if PROFILES[name][2] is not None:
+        PROFILES[name][2]()
