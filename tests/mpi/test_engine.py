@@ -3,6 +3,8 @@ CUDA runtime (tests/support/fakecuda).
 
   start       starting a request does not wait for the GPU: the producer's delayed write
               is still pending when iallreduce_ returns, and is what gets reduced
+  buckets     consecutive buckets, each started as its kernel is queued: the host never
+              waits for the GPU, and the first is reduced while the GPU computes the last
   in flight   many requests on several communicators, waited for in another order on
               every rank (and with test() and wait_all), all correct
   dropped     requests dropped without wait() still complete, buffers kept until then
@@ -22,6 +24,7 @@ import threading
 import time
 
 import fakecuda
+import fakempi
 import numpy as np
 import pytest
 from fakecuda import FakeCudaArray, Stream
@@ -101,6 +104,56 @@ def test_start_does_not_wait_for_the_gpu(n, comm, checks):
         checks.check(not np.array_equal(result, summed(n, range(size))),
                      f"{n}: the ordering check cannot fail")
     fakecuda.quiesce()
+
+
+def test_buckets_overlap_the_gpus_compute(comm, checks):
+    """Buckets of gradients as backward makes them on the GPU: each bucket's "kernel" (a
+    delayed write on the compute stream) is queued, then its iallreduce_ started at once,
+    as the bucket engine does. The host never waits for the GPU (the compute stream is
+    still busy when every bucket has been started), and the first bucket is reduced
+    (its MPI_Allreduce, from the fake MPI layer's log) while the GPU still computes the
+    last one; each bucket's reduction starts after its kernel and its copy down end."""
+    rank, size = comm.rank, comm.size
+    buckets, delay_us = 3, 400_000
+    sizes = [1000 * (k + 1) + 8 for k in range(buckets)]  # distinct: the logs name them
+    fastreduce.iallreduce_(FakeCudaArray.from_numpy(values_of(sizes[0], rank))).wait()
+    gc.collect()  # (warm: pinned memory and the engine's communicator made, frees done)
+    stream = Stream()
+    arrays = [FakeCudaArray.from_numpy(np.zeros(n, np.float32), stream=stream) for n in sizes]
+    fakecuda.quiesce()
+    fakecuda.log_copies(1000)
+    fakempi.log_calls(1000)
+    try:
+        requests = []
+        for k, (g, n) in enumerate(zip(arrays, sizes, strict=True)):
+            g.write(values_of(n, rank, salt=k), delay_us=delay_us)
+            requests.append(fastreduce.iallreduce_(g))
+        checks.check(not stream.query(), "the host waited for the GPU while starting buckets")
+        for k, (req, g, n) in enumerate(zip(requests, arrays, sizes, strict=True)):
+            checks.check(req.wait() is g and np.array_equal(
+                g.to_numpy(), summed(n, range(size), salt=k)), f"bucket {k}'s result")
+        fakecuda.quiesce()
+        copies, calls = fakecuda.copy_log(), fakempi.calls()
+    finally:
+        fakecuda.log_copies(0)
+        fakempi.log_calls(0)
+
+    def one(records, what, nbytes):
+        found = [r for r in records if r["bytes"] == nbytes]
+        checks.check(len(found) == 1, f"one {what} of {nbytes} bytes: {found}")
+        return found[0] if found else {"start": 0, "end": 0}
+
+    kernels = [one([c for c in copies if c["kind"] == "write"], "kernel", 4 * n) for n in sizes]
+    downs = [one([c for c in copies if c["kind"] == "D2H"], "copy down", 4 * n) for n in sizes]
+    reduced = [one(calls, "MPI_Allreduce", 4 * n) for n in sizes]
+    for k in range(buckets):
+        checks.check(kernels[k]["end"] <= downs[k]["start"] and downs[k]["end"] <= reduced[k][
+            "start"], f"bucket {k}: kernel, copy down and reduction in that order")
+    after = [(r["end"] - kernels[0]["end"]) / 1e6 for r in (reduced[0], kernels[-1])]
+    checks.check(reduced[0]["end"] < kernels[-1]["end"],
+                 f"bucket 0 was reduced while the GPU computed bucket {buckets - 1}: reduced "
+                 f"{after[0]:.0f} ms after its kernel, the last kernel ended {after[1]:.0f} ms "
+                 f"after it")
 
 
 def test_many_requests_in_flight(comms, comm, checks):

@@ -58,6 +58,11 @@ class _Counters(Structure):
     _fields_ = [(name, c_uint64) for name in COUNTER_FIELDS]
 
 
+class _CopyRecord(Structure):
+    _fields_ = [("kind", ctypes.c_int), ("stream", c_uint64), ("bytes", c_uint64),
+                ("start_ns", ctypes.c_int64), ("end_ns", ctypes.c_int64)]
+
+
 class CudaError(RuntimeError):
     """A fake CUDA call returned an error; `.code` is the cudaError_t."""
 
@@ -167,6 +172,7 @@ _SIGNATURES = {
     "fakecuda_counters_size": (c_size_t, []),
     "fakecuda_launch_write": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_uint]),
     "fakecuda_quiesce": (None, []),
+    "fakecuda_log_copies": (c_int, [c_size_t]),
     "fakecuda_dlpack_deleter": (None, [c_void_p]),
     "fakecuda_dlpack_capsule_destructor": (None, [c_void_p]),
 }
@@ -220,6 +226,27 @@ def fail_event_syncs(n: int, after: int = 0) -> None:
     """After `after` more that succeed, the next n cudaEventSynchronize calls (from any
     thread) fail with error 700."""
     lib().fakecuda_fail_event_syncs(n, after)
+
+
+def log_copies(capacity: int) -> None:
+    """Record the next `capacity` copies the streams run (0: stop); see copy_log()."""
+    check(lib().fakecuda_log_copies(capacity), "fakecuda_log_copies")
+
+
+def copy_log() -> list[dict]:
+    """The copies recorded since log_copies(): kind ("H2D", "D2H", ..., "write" for
+    launch_write's), stream (an id),
+    bytes, start and end (CLOCK_MONOTONIC ns, time.monotonic_ns()'s clock), in the order
+    they ended."""
+    fn = lib().fakecuda_copy_log
+    fn.restype, fn.argtypes = c_size_t, [POINTER(_CopyRecord), c_size_t]
+    n = fn(None, 0)
+    out = (_CopyRecord * n)()
+    n = min(n, fn(out, n))
+    names = {HOST_TO_HOST: "H2H", HOST_TO_DEVICE: "H2D", DEVICE_TO_HOST: "D2H",
+             DEVICE_TO_DEVICE: "D2D", -1: "write"}
+    return [{"kind": names[r.kind], "stream": r.stream, "bytes": r.bytes,
+             "start": r.start_ns, "end": r.end_ns} for r in out[:n]]
 
 
 def quiesce() -> None:

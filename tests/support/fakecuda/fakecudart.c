@@ -27,7 +27,8 @@
  * condition variable. This is a test double: simplicity beats speed.
  *
  * Not part of CUDA: struct fakecuda_counters with fakecuda_get_counters /
- * fakecuda_reset_counters / fakecuda_counters_size, fakecuda_launch_write (a "kernel" writing
+ * fakecuda_reset_counters / fakecuda_counters_size, a log of the copies run and when
+ * (fakecuda_log_copies, fakecuda_copy_log), fakecuda_launch_write (a "kernel" writing
  * bytes after a delay), fakecuda_quiesce (wait until every stream is idle), and the DLPack
  * deleter and capsule destructor of the Python test module's exports.
  *
@@ -162,6 +163,28 @@ static int remove_range(void *p, int device)
     return 0;
 }
 
+/* ---------------------------------------------------------------- the copy log */
+
+/* When on (fakecuda_log_copies), each copy (and fakecuda_launch_write) a stream worker runs
+ * is recorded: its kind, its stream, the bytes and when it ran (CLOCK_MONOTONIC, ns), so that tests can see which
+ * copies overlapped which MPI calls. Guarded by g_lock. */
+struct copy_record {
+    int kind;
+    uint64_t stream;
+    uint64_t bytes;
+    int64_t start_ns, end_ns;
+};
+
+static struct copy_record *g_log;
+static size_t g_log_capacity, g_log_used;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 /* ---------------------------------------------------------------- markers, streams, events */
 
 /* A point in a stream's queue; done once the stream has run everything before it. */
@@ -188,6 +211,7 @@ enum op_kind { OP_COPY, OP_WRITE, OP_RECORD, OP_WAIT };
 
 struct op {
     enum op_kind kind;
+    int copy_kind;    /* OP_COPY: H2D, D2H, ... (for the copy log) */
     void *dst;
     const void *src;
     size_t n;
@@ -257,14 +281,20 @@ static void *worker(void *arg)
             op->m->done = 1;
             break;
         case OP_COPY:
-        case OP_WRITE:
+        case OP_WRITE: {
+            int64_t start = now_ns();
             pthread_mutex_unlock(&g_lock);
             if (op->delay_us)
                 sleep_us(op->delay_us);
             if (op->n)
                 memmove(op->dst, op->kind == OP_WRITE ? op->owned : op->src, op->n);
             pthread_mutex_lock(&g_lock);
+            if (g_log_used < g_log_capacity) /* a write's kind: -1 */
+                g_log[g_log_used++] = (struct copy_record){
+                    op->kind == OP_COPY ? op->copy_kind : -1, (uint64_t)(uintptr_t)s, op->n,
+                    start, now_ns()};
             break;
+        }
         }
         /* Dequeue only now, so that the stream counts as busy while op runs. */
         s->head = op->next;
@@ -778,7 +808,7 @@ static int copy_locked(struct stream *s, void *dst, const void *src, size_t n, i
     struct op *op = calloc(1, sizeof *op);
     if (!op)
         return cudaErrorMemoryAllocation;
-    *op = (struct op){.kind = OP_COPY, .dst = dst, .src = src, .n = n,
+    *op = (struct op){.kind = OP_COPY, .copy_kind = kind, .dst = dst, .src = src, .n = n,
                       .delay_us = env_uint("FAKECUDA_COPY_DELAY_US", 0) +
                                   (kind == H2D ? env_uint("FAKECUDA_H2D_DELAY_US", 0) : 0)};
     int err = enqueue(s, op);
@@ -885,6 +915,29 @@ EXPORT int cudaStreamIsCapturing(void *stream, int *status)
 
 /* After `after` more successful cudaEventSynchronize calls (any thread), make the next n
  * fail with cudaErrorIllegalAddress. */
+/* Record the next `capacity` copies (0: stop and forget the log); 0, or an allocation error. */
+EXPORT int fakecuda_log_copies(size_t capacity)
+{
+    pthread_mutex_lock(&g_lock);
+    free(g_log);
+    g_log = capacity ? calloc(capacity, sizeof *g_log) : NULL;
+    g_log_capacity = g_log ? capacity : 0;
+    g_log_used = 0;
+    pthread_mutex_unlock(&g_lock);
+    return capacity && !g_log ? cudaErrorMemoryAllocation : cudaSuccess;
+}
+
+/* Copy up to `max` records of the log into out; returns how many there are. */
+EXPORT size_t fakecuda_copy_log(struct copy_record *out, size_t max)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_log_used < max ? g_log_used : max;
+    memcpy(out, g_log, n * sizeof *out);
+    n = g_log_used;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 EXPORT void fakecuda_fail_event_syncs(int n, int after)
 {
     pthread_mutex_lock(&g_lock);

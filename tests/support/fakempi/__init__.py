@@ -75,5 +75,30 @@ def counts() -> dict[str, dict[str, int]]:
             for i, call in enumerate(CALLS)}
 
 
+class _CallRecord(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint64), ("start_ns", ctypes.c_int64),
+                ("end_ns", ctypes.c_int64)]
+
+
+def log_calls(capacity: int) -> None:
+    """Record when the next `capacity` blocking MPI_Allreduce calls run (0: stop)."""
+    fn = install().pointerlog_log_calls
+    fn.argtypes = [ctypes.c_size_t]
+    if fn(capacity):
+        raise MemoryError("fakempi: no memory for the call log")
+
+
+def calls() -> list[dict]:
+    """The blocking all-reduces recorded since log_calls(): bytes, start and end
+    (CLOCK_MONOTONIC ns, the fake CUDA runtime's copy log's clock), in the order they
+    ended."""
+    fn = install().pointerlog_calls
+    fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.POINTER(_CallRecord), ctypes.c_size_t]
+    n = fn(None, 0)
+    out = (_CallRecord * n)()
+    n = min(n, fn(out, n))
+    return [{"bytes": r.bytes, "start": r.start_ns, "end": r.end_ns} for r in out[:n]]
+
+
 def reset() -> None:
     install().pointerlog_reset()

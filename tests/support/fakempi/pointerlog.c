@@ -12,6 +12,9 @@
 #include <mpi.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -50,11 +53,58 @@ static void record(int call, const void *sendbuf, const void *recvbuf)
     __atomic_fetch_add(&g_counts.calls[call][kind], 1, __ATOMIC_RELAXED);
 }
 
+struct call_record {
+    uint64_t bytes;
+    int64_t start_ns, end_ns;
+};
+
+static struct call_record *g_calls;
+static size_t g_calls_capacity;
+static size_t g_calls_used; /* atomic: calls may come from several threads */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Record the next `capacity` blocking all-reduces (0: stop); 0, or 1 if out of memory.
+ * Not to be called while all-reduces run. */
+EXPORT int pointerlog_log_calls(size_t capacity)
+{
+    free(g_calls);
+    g_calls = capacity ? calloc(capacity, sizeof *g_calls) : NULL;
+    g_calls_capacity = g_calls ? capacity : 0;
+    __atomic_store_n(&g_calls_used, 0, __ATOMIC_SEQ_CST);
+    return capacity && !g_calls;
+}
+
+/* Copy up to `max` records into out; returns how many calls were recorded. */
+EXPORT size_t pointerlog_calls(struct call_record *out, size_t max)
+{
+    size_t used = __atomic_load_n(&g_calls_used, __ATOMIC_SEQ_CST);
+    if (used > g_calls_capacity)
+        used = g_calls_capacity;
+    memcpy(out, g_calls, (used < max ? used : max) * sizeof *out);
+    return used;
+}
+
 EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
                          MPI_Op op, MPI_Comm comm)
 {
     record(CALL_ALLREDUCE, sendbuf, recvbuf);
-    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    if (!g_calls_capacity)
+        return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    int64_t start = now_ns();
+    int err = PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    size_t slot = __atomic_fetch_add(&g_calls_used, 1, __ATOMIC_SEQ_CST);
+    if (slot < g_calls_capacity) {
+        int size = 0;
+        PMPI_Type_size(datatype, &size);
+        g_calls[slot] = (struct call_record){(uint64_t)count * (uint64_t)size, start, now_ns()};
+    }
+    return err;
 }
 
 EXPORT int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
