@@ -284,7 +284,7 @@ def test_sparse(checks):
     i = torch.tensor([[rank % 3, 2], [0, rank % 2]])
     v = torch.tensor([1.0 + rank, 2.0])
     t = torch.sparse_coo_tensor(i, v, (3, 2), check_invariants=True)
-    got = hvd.synchronize(hvd.sparse_allreduce_async(t, "sparse", hvd.Sum))
+    got = hvd.sparse_allreduce_async(t, "sparse", hvd.Sum)()  # Horovod's handle: a callable
     want = sum(torch.sparse_coo_tensor(torch.tensor([[r % 3, 2], [0, r % 2]]),
                                        torch.tensor([1.0 + r, 2.0]), (3, 2),
                                        check_invariants=True).to_dense()
@@ -337,11 +337,18 @@ def test_alltoall_grad(checks):
     checks.check(torch.equal(x.grad, want), "alltoall grad")
 
 
-def test_reducescatter_grad(checks):
+@pytest.mark.parametrize(("op", "prescale", "postscale"), [
+    (hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0), (hvd.Sum, 2.0, 0.5), (hvd.Average, 3.0, 2.0)],
+    ids=["sum", "average", "sum-scaled", "average-scaled"])
+def test_reducescatter_grad(checks, op, prescale, postscale):
+    """Horovod's gradient of a reduce-scatter: every rank's incoming gradient gathered,
+    times the set's size for Sum (Average: not divided), times both scale factors."""
     x = make(rank, (size, 2), torch.float64, 66).requires_grad_()
     ups = [make(r, (1, 2), torch.float64, 67) for r in range(size)]
-    (hvd.reducescatter(x, op=hvd.Sum) * ups[rank]).sum().backward()
-    checks.check(torch.equal(x.grad, torch.cat(ups)), "reducescatter grad")
+    (hvd.reducescatter(x, op=op, prescale_factor=prescale, postscale_factor=postscale)
+     * ups[rank]).sum().backward()
+    factor = (size if op == hvd.Sum else 1) * prescale * postscale
+    checks.check(torch.allclose(x.grad, torch.cat(ups) * factor), f"reducescatter grad {x.grad}")
 
 
 def test_grouped_allreduce_grad(checks):
@@ -520,6 +527,14 @@ def test_refused_arguments(checks, dynamic_sets):
         checks.expect(ValueError, ["splits"], lambda: hvd.alltoall(torch.ones(size * 2 + 1)))
         checks.expect(ValueError, ["splits"],
                       lambda: hvd.alltoall(torch.ones(3), splits=[3] * size))
+    # splits valid in value but not int32, as Horovod refuses them: a ValueError everywhere
+    checks.expect(ValueError, ["splits", "torch.int32"], lambda: hvd.alltoall(
+        torch.ones(size), splits=torch.ones(size, dtype=torch.float32)))
+    # Adasum in a reduce-scatter: Horovod raises a RuntimeError; it is also a ValueError
+    checks.expect(RuntimeError, ["Adasum"], lambda: hvd.reducescatter(torch.ones(size * 2),
+                                                                     op=hvd.Adasum))
+    checks.expect(ValueError, ["Adasum"], lambda: hvd.reducescatter(torch.ones(size * 2),
+                                                                   op=hvd.Adasum))
     checks.expect(ValueError, ["both"], lambda: hvd.allreduce(x, average=True, op=hvd.Sum))
     h = hvd.allreduce_async(x, name="dup")
     checks.expect(ValueError, ["dup", "in flight"], lambda: hvd.allreduce_async(x, name="dup"))

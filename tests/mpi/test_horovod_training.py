@@ -345,6 +345,30 @@ def test_broadcast_optimizer_state(checks, kind, root_steps, my_steps):
     checks.check(same, f"{what}: state differs")
 
 
+def test_broadcast_state_of_a_fresh_optimizer(checks):
+    """No step taken anywhere: as Horovod, every trained parameter gets a zero gradient
+    and the optimizer its state from one local step (SGD with momentum: zero buffers); a
+    parameter not trained keeps no gradient."""
+    torch.manual_seed(71)
+    m = Net()
+    frozen = next(m.parameters())
+    frozen.requires_grad_(False)
+    before = [p.detach().clone() for p in m.parameters()]
+    o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                 named_parameters=m.named_parameters())
+    hvd.broadcast_optimizer_state(o, root_rank=0)
+    trained = [p for p in m.parameters() if p.requires_grad]
+    checks.check(frozen.grad is None, "a frozen parameter got a gradient")
+    checks.check(all(p.grad is not None and not p.grad.any() for p in trained),
+                 "trained parameters have zero gradients")
+    state = o.state_dict()["state"]
+    checks.check(len(state) == len(trained) and all(
+        not s["momentum_buffer"].any() for s in state.values()),
+        f"momentum buffers made, zero: {state}")
+    checks.check(all(torch.equal(a, b) for a, b in zip(m.parameters(), before, strict=True)),
+                 "a step on zero gradients without weight decay moves nothing")
+
+
 def test_objects(checks):
     """broadcast_object (with the object everywhere, or None off the root) and
     allgather_object."""

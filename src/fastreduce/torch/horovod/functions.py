@@ -95,13 +95,16 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=global_proc
     """Give every rank root_rank's optimizer state and hyper-parameters (lr, momentum...).
 
     The structure and scalars travel as one pickled object, the state tensors as
-    broadcasts; the other ranks then load it with load_state_dict(). An optimizer whose
-    state is still empty (no step yet) is handled without taking a step, and ranks whose
-    state is empty receive the root's whole state.
+    broadcasts; the other ranks then load it with load_state_dict(). As Horovod does, an
+    optimizer with no state yet (no step taken) first gets it from one local step with
+    every trained parameter's gradient set to zero (a DistributedOptimizer's step without
+    its reduction); the gradients stay zero.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"fastreduce.horovod: broadcast_optimizer_state takes a torch "
                         f"optimizer, not {type(optimizer).__qualname__}")
+    if not optimizer.state_dict()["state"]:
+        _initialize_state(optimizer)
     is_root = rank() == root_rank
     tensors: list = []
     skeleton = _skeleton(optimizer.state_dict(), tensors) if is_root else None
@@ -126,6 +129,24 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=global_proc
             synchronize(handle)
     if not is_root:
         optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _initialize_state(optimizer) -> None:
+    """Make a fresh optimizer's state: zero gradients (sparse for SparseAdam), then one step
+    of the optimizer itself, on this rank alone."""
+    from .optimizer import _DistributedOptimizer
+
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()
+    else:
+        optimizer.step()
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None,

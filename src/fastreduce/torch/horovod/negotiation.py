@@ -28,6 +28,11 @@ class HorovodInternalError(FastreduceError, RuntimeError):
     """An operation failed (Horovod's name for the error its collectives raise)."""
 
 
+class HorovodArgumentError(FastreduceError, ValueError, RuntimeError):
+    """An argument Horovod refuses with a RuntimeError (e.g. hvd.Adasum in reducescatter):
+    a ValueError as fastreduce's refusals are, and a RuntimeError as Horovod's."""
+
+
 class HorovodMismatch(CollectiveMismatch, HorovodInternalError):
     """The ranks of a process set submitted different collectives (name, dtype, shape, op,
     root...) or a rank refused its arguments: raised on every rank of the set."""

@@ -20,7 +20,7 @@ from ...backend import collectives as _core
 from ..dense import check_dense
 from . import handles, negotiation, timeline, world
 from .compression import Compression
-from .negotiation import HorovodMismatch
+from .negotiation import HorovodArgumentError, HorovodMismatch
 from .process_sets import ProcessSet, _comm_of, global_process_set
 
 __all__ = [
@@ -569,7 +569,12 @@ def _splits_list(splits, rows: int, size: int, what: str) -> list[int]:
             raise ValueError(f"fastreduce.horovod: hvd.{what}: {rows} rows do not divide among "
                              f"{size} ranks; give splits")
         return [rows // size] * size
+    if isinstance(splits, torch.Tensor) and splits.dtype != torch.int32:
+        raise ValueError(f"fastreduce.horovod: hvd.{what}: splits of {splits.dtype}; give a "
+                         f"torch.int32 tensor (or a list of ints)")
     values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if not all(isinstance(v, (int, np.integer)) for v in values):
+        raise ValueError(f"fastreduce.horovod: hvd.{what}: splits {values} must be ints")
     if len(values) != size or any(int(v) < 0 for v in values) or sum(values) != rows:
         raise ValueError(f"fastreduce.horovod: hvd.{what}: splits {values} must be {size} "
                          f"non-negative row counts summing to the tensor's {rows} rows")
@@ -648,8 +653,9 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
     def validate():
         _check_tensor(tensor, f"hvd.{kind}")
         if op not in (Average, Sum, Min, Max, Product):
-            raise ValueError(f"fastreduce.horovod: hvd.{kind}: op {_OP_NAMES.get(op, op)} is "
-                             f"not supported; use hvd.Average or hvd.Sum")
+            raise HorovodArgumentError(f"fastreduce.horovod: hvd.{kind}: op "
+                                       f"{_OP_NAMES.get(op, op)} is not supported; use "
+                                       f"hvd.Average or hvd.Sum")
         _check_reduction(tensor, op, f"hvd.{kind}")
         if tensor.dim() == 0:
             raise ValueError(f"fastreduce.horovod: hvd.{kind} needs a tensor of at least one "
@@ -680,20 +686,25 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                                 postscale_factor, process_set)
 
 
+def _reducescatter_grad(grad: torch.Tensor, op, prescale, postscale, process_set):
+    """The gradient Horovod defines for a reduce-scatter: every rank's incoming gradient
+    gathered, scaled as the forward pass was (Sum: also by the set's size; Average: not
+    divided)."""
+    factor = (process_set.size() if op == Sum else 1) * prescale * postscale
+    grad = grad.contiguous()
+    return allgather(grad * factor if factor != 1 else grad, process_set=process_set)
+
+
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
-        ctx.args = (op, process_set)
+        ctx.args = (op, prescale, postscale, process_set)
         return synchronize(_reducescatter_start(tensor, name, op, prescale, postscale,
                                                 process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        op, process_set = ctx.args
-        gathered = allgather(grad.contiguous(), process_set=process_set)
-        if op == Average:
-            gathered = gathered / process_set.size()
-        return gathered, None, None, None, None, None
+        return _reducescatter_grad(grad, *ctx.args), None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -733,9 +744,9 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 # -- sparse, barrier, join --------------------------------------------------------------------
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> int:
-    """Start reducing a sparse COO tensor (allgather of indices and values); a handle whose
-    result is a coalesced sparse tensor."""
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Start reducing a sparse COO tensor (allgather of indices and values); as Horovod's,
+    a handle to call: handle() waits and returns the coalesced sparse result."""
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         raise ValueError("fastreduce.horovod: sparse_allreduce_async takes a sparse COO tensor")
     if op not in (Average, Sum):
@@ -743,14 +754,17 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
                          f"{_OP_NAMES.get(op, op)} is not supported; use hvd.Average or hvd.Sum")
     name = _name("sparse_allreduce", name)
     t = tensor.coalesce()
-    indices = synchronize(_allgather_start(t.indices().t().contiguous(), f"{name}.indices",
-                                           process_set))
-    values = synchronize(_allgather_start(t.values().contiguous(), f"{name}.values",
-                                          process_set))
-    if op == Average:
-        values = values / process_set.size()
-    result = torch.sparse_coo_tensor(indices.t(), values, t.shape).coalesce()
-    return handles.start([], lambda: result, ("sparse_allreduce", name), None)
+    indices = _allgather_start(t.indices().t().contiguous(), f"{name}.indices", process_set)
+    values = _allgather_start(t.values().contiguous(), f"{name}.values", process_set)
+
+    def handle() -> torch.Tensor:
+        gathered = synchronize(values)
+        where = synchronize(indices)
+        if op == Average:
+            gathered = gathered / process_set.size()
+        return torch.sparse_coo_tensor(where.t(), gathered, t.shape).coalesce()
+
+    return handle
 
 
 def barrier(process_set=global_process_set) -> None:

@@ -48,7 +48,6 @@ from .ops import (
     Sum,
     _bucket_start,
     sparse_allreduce_async,
-    synchronize,
 )
 from .process_sets import global_process_set
 
@@ -240,7 +239,7 @@ class _DistributedOptimizer:
                    for p in sparse]
         with torch.no_grad():
             for p, handle in zip(sparse, handles, strict=True):
-                p.grad.zero_().add_(synchronize(handle))
+                p.grad.zero_().add_(handle())
         self._synchronized = True
 
     @contextlib.contextmanager
