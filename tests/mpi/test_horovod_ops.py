@@ -390,7 +390,9 @@ def test_process_sets(checks, dynamic_sets):
 
 
 def test_join(checks, dynamic_sets):
-    """The last rank runs out of data first; the others go on reducing and gathering."""
+    """The last rank runs out of data first; the others go on reducing; as in Horovod, what
+    a joined rank cannot take part in (allgather, broadcast, alltoall, reducescatter)
+    raises HorovodInternalError on the active ranks while the joined rank waits on."""
     steps = 3
     if rank == size - 1:
         last = hvd.join()
@@ -405,8 +407,12 @@ def test_join(checks, dynamic_sets):
             checks.check(torch.allclose(got, torch.tensor([size - 1, sum(range(size - 1))],
                                                           dtype=torch.float64) / size),
                          f"joined average {got}")
-            g = hvd.allgather(torch.tensor([rank]), name=f"g{step}")
-            checks.check(g.tolist() == list(range(size - 1)), f"joined allgather {g}")
+            for what, call in [
+                    ("allgather", lambda: hvd.allgather(torch.tensor([rank]), name=f"g{step}")),
+                    ("broadcast", lambda: hvd.broadcast(torch.ones(2), 0, name=f"b{step}")),
+                    ("alltoall", lambda: hvd.alltoall(torch.ones(size))),
+                    ("reducescatter", lambda: hvd.reducescatter(torch.ones(size)))]:
+                checks.expect(hvd.HorovodInternalError, ["have joined", what], call)
         hvd.barrier()
         last = hvd.join()
     checks.check(last == (size - 2 if size > 1 else 0), f"join returned {last}")
@@ -416,6 +422,22 @@ def test_join(checks, dynamic_sets):
     hvd.join()
     checks.check(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size, size],
                  "unnamed allreduce after join")
+
+
+@MORE_THAN_ONE
+def test_each_rank_joins_first_while_the_others_gather(checks, dynamic_sets):
+    """Horovod's join test: each rank in turn joins first while the others' allgather
+    raises; then they join too, and join() returns the same rank everywhere, never the
+    first to join."""
+    for first in range(size):
+        if rank == first:
+            last = hvd.join()
+        else:
+            checks.expect(RuntimeError, ["have joined"], lambda: hvd.allgather(torch.ones(3, 2)))
+            last = hvd.join()
+        checks.check(last != first, f"join returned the first rank to join, {first}")
+        everyone = hvd.allgather_object(last)
+        checks.check(everyone == [last] * size, f"join returned {everyone}")
 
 
 def test_join_optimizer(checks, dynamic_sets):

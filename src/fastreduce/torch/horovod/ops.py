@@ -20,7 +20,7 @@ from ...backend import collectives as _core
 from ..dense import check_dense
 from . import handles, negotiation, timeline, world
 from .compression import Compression
-from .negotiation import HorovodArgumentError, HorovodMismatch
+from .negotiation import HorovodArgumentError, HorovodInternalError, HorovodMismatch
 from .process_sets import ProcessSet, _comm_of, global_process_set
 
 __all__ = [
@@ -117,31 +117,29 @@ def _agree(comm, key_of, names: tuple, name: str, validate, blocking: bool = Fal
 
     joined, everyone_blocking = negotiation.agree(comm, key, name, describe, error, blocking)
     if joined:
-        _check_joinable(describe(), joined)
+        refusal = _join_refusal(describe(), joined)
+        if refusal is not None:
+            raise refusal
     return joined, everyone_blocking
 
 
-def _check_joinable(fields: dict, joined: list) -> None:
-    """Raise, on the joined ranks and the others alike, for a call joined ranks cannot
-    take part in."""
-    call = fields["call"]
+def _join_refusal(fields: dict, joined: list) -> HorovodInternalError | None:
+    """What the active ranks raise for a call that ranks which have joined cannot take part
+    in, as Horovod: only reductions (hvd.Average and hvd.Sum: the joined give zeros) and
+    barriers can run then. The joined ranks stay in join()."""
+    call, why = fields["call"], None
     if call == "bucket":
         if fields["op"] not in ("avg", "sum"):
-            raise HorovodMismatch(f"fastreduce.horovod: ranks {joined} have joined; they take "
-                                  f"part in DistributedOptimizer's reductions with hvd.Average "
-                                  f"or hvd.Sum only")
+            why = "DistributedOptimizer's reductions with hvd.Average or hvd.Sum"
     elif call in ("allreduce", "grouped_allreduce"):
         if fields["op"] not in ("Average", "Sum"):
-            raise HorovodMismatch(f"fastreduce.horovod: ranks {joined} have joined; they take "
-                                  f"part in an allreduce with hvd.Average or hvd.Sum only, not "
-                                  f"{fields['op']}")
-    elif call == "broadcast":
-        if fields["root rank"] in joined:
-            raise HorovodMismatch(f"fastreduce.horovod: the root rank {fields['root rank']} of "
-                                  f"broadcast {fields['name']!r} has joined")
-    elif call not in ("allgather", "grouped_allgather", "barrier"):
-        raise HorovodMismatch(f"fastreduce.horovod: ranks {joined} have joined; hvd.{call} cannot "
-                              f"run then (allreduce, allgather, broadcast and barrier can)")
+            why = f"an allreduce with hvd.Average or hvd.Sum only, not {fields['op']}"
+    elif call != "barrier":
+        why = f"allreduce (hvd.Average, hvd.Sum) and barrier only, not hvd.{call}"
+    if why is None:
+        return None
+    return HorovodInternalError(f"fastreduce.horovod: ranks {joined} have joined (hvd.join()); "
+                                f"they take part in {why}: {fields['name']!r} is refused")
 
 
 def _scale_(t: torch.Tensor, factor: float) -> None:
@@ -775,10 +773,11 @@ def barrier(process_set=global_process_set) -> None:
 
 
 def join(device=-1) -> int:
-    """This rank has no more data: it takes part (with empty input: zeros, no rows) in the
-    other ranks' allreduce, allgather, broadcast, barrier and DistributedOptimizer
-    reductions on the global process set until every rank has joined; the last rank to
-    join. Zeros go where the others' tensors are: the CPU, or CUDA device `device` (-1: the
+    """This rank has no more data: it takes part (with zeros) in the other ranks' allreduce
+    (hvd.Average, hvd.Sum), barrier and DistributedOptimizer reductions on the global
+    process set until every rank has joined; returns the last rank to join. Other
+    collectives raise HorovodInternalError on the active ranks meanwhile, as in Horovod.
+    Zeros go where the others' tensors are: the CPU, or CUDA device `device` (-1: the
     current one). Collectives on other process sets are not joined."""
     comm = _set_comm(global_process_set, "join")
     first = True
@@ -788,16 +787,16 @@ def join(device=-1) -> int:
         if followed[0] == "joined":
             return followed[1]
         fields, joined = followed
-        _check_joinable(fields, joined)
-        _take_part(comm, fields, device)
+        kind, _, number = str(fields["name"]).rpartition(".noname.")
+        if kind and number.isdigit():  # unnamed calls stay numbered alike on every rank
+            world.current.unnamed[kind] = itertools.count(int(number) + 1)
+        if _join_refusal(fields, joined) is None:  # else the active ranks raise
+            _take_part(comm, fields, device)
 
 
 def _take_part(comm, fields: dict, device) -> None:
     """A joined rank's part in a collective the others run (described by fields)."""
     call = fields["call"]
-    kind, _, number = str(fields["name"]).rpartition(".noname.")
-    if kind and number.isdigit():  # unnamed calls stay numbered alike on every rank
-        world.current.unnamed[kind] = itertools.count(int(number) + 1)
 
     def place(kind: str) -> torch.device:
         # the others' device type: it decides the path their reduction takes
@@ -816,12 +815,5 @@ def _take_part(comm, fields: dict, device) -> None:
                  for d, shape, kind in zip(fields["dtype"], fields["shape"], fields["device"],
                                            strict=True)]
         _run_allreduce(comm, zeros, zeros, op, 1.0, 1.0, None, None, blocking=True)
-    elif call in ("allgather", "grouped_allgather"):
-        _allgather_now(comm, torch.empty((0, *fields["trailing shape"]),
-                                         dtype=_dtype(fields["dtype"])))
     elif call == "barrier":
         comm.Barrier()
-    elif call == "broadcast":
-        out = torch.empty(fields["shape"], dtype=_dtype(fields["dtype"]))
-        comm.Bcast([_buffer(out), MPI.BYTE],
-                   root=global_process_set.ranks.index(fields["root rank"]))
