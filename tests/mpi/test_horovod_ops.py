@@ -408,8 +408,9 @@ def test_join(checks, dynamic_sets):
                                                           dtype=torch.float64) / size),
                          f"joined average {got}")
             for what, call in [
-                    ("allgather", lambda: hvd.allgather(torch.tensor([rank]), name=f"g{step}")),
-                    ("broadcast", lambda: hvd.broadcast(torch.ones(2), 0, name=f"b{step}")),
+                    ("allgather", lambda s=step: hvd.allgather(torch.tensor([rank]),
+                                                               name=f"g{s}")),
+                    ("broadcast", lambda s=step: hvd.broadcast(torch.ones(2), 0, name=f"b{s}")),
                     ("alltoall", lambda: hvd.alltoall(torch.ones(size))),
                     ("reducescatter", lambda: hvd.reducescatter(torch.ones(size)))]:
                 checks.expect(hvd.HorovodInternalError, ["have joined", what], call)

@@ -255,10 +255,11 @@ class _DistributedOptimizer:
         """Synchronize the gradients (unless in skip_synchronize()), then take the step."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("fastreduce.horovod: optimizer.step() called after "
-                              "optimizer.synchronize() outside optimizer.skip_synchronize(): "
-                              "the gradients reduced then are used as they are; wrap step() in "
-                              "`with optimizer.skip_synchronize():`", stacklevel=2)
+                warnings.warn("fastreduce.horovod: optimizer.step() called without "
+                              "optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(): the gradients reduced then are used as "
+                              "they are; wrap step() in `with optimizer.skip_synchronize():`",
+                              stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
