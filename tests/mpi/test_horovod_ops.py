@@ -14,6 +14,7 @@ Every case is marked across_nodes: the passes across nodes run them again.
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -170,6 +171,48 @@ def test_async_poll(checks):
     h2 = hvd.allreduce_async(make(rank, (5,), torch.int32, 9), op=hvd.Sum)
     checks.check(torch.equal(hvd.synchronize(h2), everyone((5,), torch.int32, 9).sum(0).int()),
                  "allreduce_async")
+
+
+@pytest.mark.parametrize("kind", ["allgather", "broadcast", "alltoall", "reducescatter",
+                                  "grouped_allgather"])
+def test_async_collectives_run_in_the_background(checks, kind):
+    """The _async forms of the collectives other than allreduce are not done when they
+    return: with the progress engine held busy, poll() is False until it is let go; then
+    synchronize() gives the result."""
+    from fastreduce.backend import engine
+
+    if not engine.state()[0]:
+        pytest.skip(f"the progress engine is off here: {engine.state()[1]}")
+    x = make(rank, (size * 2, 3), torch.float64, 12)
+    start = {
+        "allgather": lambda: hvd.allgather_async(x),
+        "broadcast": lambda: hvd.broadcast_async(x, 0),
+        "alltoall": lambda: hvd.alltoall_async(x),
+        "reducescatter": lambda: hvd.reducescatter_async(x, op=hvd.Sum),
+        "grouped_allgather": lambda: hvd.grouped_allgather_async([x, x[:1]]),
+    }[kind]
+    want = {
+        "allgather": lambda xs: torch.cat(xs),
+        "broadcast": lambda xs: xs[0],
+        "alltoall": lambda xs: torch.cat([t[2 * rank:2 * rank + 2] for t in xs]),
+        "reducescatter": lambda xs: sum(xs)[2 * rank:2 * rank + 2],
+        "grouped_allgather": lambda xs: [torch.cat(xs), torch.cat([t[:1] for t in xs])],
+    }[kind](list(everyone((size * 2, 3), torch.float64, 12)))
+    release = threading.Event()
+    busy = engine.submit_call(release.wait)  # the engine's thread waits for us
+    try:
+        handle = start()
+        checks.check(not hvd.poll(handle), f"{kind}_async was done while the engine was busy")
+    finally:
+        release.set()
+    engine.wait_job(busy)
+    got = hvd.synchronize(handle)
+    if kind == "alltoall":  # (rows received, received splits)
+        got, splits = got
+        checks.check(splits.tolist() == [2] * size, f"alltoall_async splits {splits}")
+    equal = all(torch.equal(g, w) for g, w in zip(got, want, strict=True)) \
+        if isinstance(want, list) else torch.equal(got, want)
+    checks.check(equal, f"{kind}_async gave {got}")
 
 
 def test_blocking_with_async(checks):

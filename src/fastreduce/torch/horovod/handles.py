@@ -36,6 +36,11 @@ def in_flight(key) -> bool:
     return key in _in_flight
 
 
+def requests(handle: int) -> list:
+    """The requests of a pending handle's operation."""
+    return _pending[handle].requests
+
+
 def poll(handle: int) -> bool:
     """Whether the operation of `handle` has completed (synchronize() will not block)."""
     pending = _pending.get(handle)

@@ -3,9 +3,10 @@ progress engine when asynchronous), allgather, broadcast, alltoall, reducescatte
 on the tensors' memory), grouped forms, barrier, join and sparse allreduce; each preceded
 by the ranks' agreement (negotiation.py) and differentiable as Horovod defines it.
 
-Asynchronous forms return an int handle for poll()/synchronize(). An allreduce runs in
-the background (the progress engine's thread, or MPI's own non-blocking call); the other
-collectives run when submitted and their handle is complete at once.
+Asynchronous forms return an int handle for poll()/synchronize() and run in the
+background once agreed: an allreduce on the progress engine's thread or as MPI's own
+non-blocking call, the other collectives on the engine's thread (on its duplicate of the
+set's communicator). With the engine off they run when submitted, their handle complete.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from mpi4py import MPI
 
 from ...backend import collectives as _core
+from ...backend import engine as _engine
 from ..dense import check_dense
 from . import handles, negotiation, timeline, world
 from .compression import Compression
@@ -419,6 +421,34 @@ def _done(kind, name, comm, result, event) -> int:
     return handles.start([], lambda: result, (id(comm), name), event)
 
 
+class _JobRequest:
+    """A handle's view of a progress-engine job: test() and wait() as a Request's."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job):
+        self.job = job
+
+    def test(self) -> bool:
+        return self.job.done
+
+    def wait(self) -> None:
+        _engine.wait_job(self.job)
+
+
+def _complete(kind, name, comm, run, event, background: bool) -> int:
+    """A handle for run(comm), the collective's data movement, agreed already. In the
+    background (an _async call, the progress engine on): on the engine's thread and its
+    duplicate of comm, in submission order on every rank, so poll() is False until it is
+    done. Else at once."""
+    if background and _engine.state()[0]:
+        dup = _core.engine_comm(comm)
+        box: list = []
+        job = _engine.submit_call(lambda: box.append(run(dup)))
+        return handles.start([_JobRequest(job)], lambda: box[0], (id(comm), name), event)
+    return _done(kind, name, comm, run(comm), event)
+
+
 def _allgather_now(comm, tensor, rows_everywhere=None):
     """MPI_Allgatherv of tensor's rows (dim 0 may differ across ranks); the output."""
     rows = tensor.shape[0] if tensor.dim() else 1
@@ -434,7 +464,7 @@ def _allgather_now(comm, tensor, rows_everywhere=None):
     return out.to(tensor.device), counts
 
 
-def _allgather_start(tensor, name, process_set, kind="allgather"):
+def _allgather_start(tensor, name, process_set, kind="allgather", background=False):
     comm = _set_comm(process_set, kind)
     began = timeline.now()
 
@@ -447,13 +477,12 @@ def _allgather_start(tensor, name, process_set, kind="allgather"):
     _agree(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape[1:]), tensor.device.type),
            ("dtype", "trailing shape", "device"), name, validate)
     event = timeline.begin(kind, name, began)
-    out, _ = _allgather_now(comm, tensor)
-    return _done(kind, name, comm, out, event)
+    return _complete(kind, name, comm, lambda c: _allgather_now(c, tensor)[0], event, background)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Start concatenating every rank's tensor on dimension 0; a handle."""
-    return _allgather_start(tensor, _name("allgather", name), process_set)
+    return _allgather_start(tensor, _name("allgather", name), process_set, background=True)
 
 
 class _Allgather(torch.autograd.Function):
@@ -483,10 +512,15 @@ def allgather(tensor, name=None, process_set=global_process_set):
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     """Start allgathers of a list of tensors; a handle (a list of outputs)."""
     name = _name("grouped_allgather", name)
-    handles_ = [_allgather_start(t, f"{name}.{i}", process_set, "grouped_allgather")
-                for i, t in enumerate(tensors)]
-    results = [synchronize(h) for h in handles_]
-    return handles.start([], lambda: results, ("grouped_allgather", name), None)
+    started = [_allgather_start(t, f"{name}.{i}", process_set, "grouped_allgather",
+                                background=True) for i, t in enumerate(tensors)]
+    return _grouped(started, ("grouped_allgather", name))
+
+
+def _grouped(started: list[int], key) -> int:
+    """One handle for the handles `started`: done when all are, their results a list."""
+    requests = [r for h in started for r in handles.requests(h)]
+    return handles.start(requests, lambda: [synchronize(h) for h in started], key, None)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
@@ -495,7 +529,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set) -> lis
     return [allgather(t, f"{name}.{i}", process_set) for i, t in enumerate(tensors)]
 
 
-def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadcast"):
+def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadcast",
+                     background=False):
     comm = _set_comm(process_set, kind)
     began = timeline.now()
     ranks = process_set.ranks
@@ -512,22 +547,27 @@ def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadca
     event = timeline.begin(kind, name, began)
     if output is not tensor:
         output.copy_(tensor)
-    host = _host(output)
-    comm.Bcast([_buffer(host), MPI.BYTE], root=ranks.index(root_rank))
-    if host is not output:
-        output.copy_(host)
-    return _done(kind, name, comm, output, event)
+
+    def run(c):
+        host = _host(output)
+        c.Bcast([_buffer(host), MPI.BYTE], root=ranks.index(root_rank))
+        if host is not output:
+            output.copy_(host)
+        return output
+
+    return _complete(kind, name, comm, run, event, background)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """Start broadcasting root_rank's tensor into a new tensor; a handle."""
     return _broadcast_start(tensor, _like(tensor), root_rank, _name("broadcast", name),
-                            process_set)
+                            process_set, background=True)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """Start broadcasting root_rank's tensor into tensor on every rank; a handle."""
-    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name), process_set)
+    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name), process_set,
+                            background=True)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -579,7 +619,7 @@ def _splits_list(splits, rows: int, size: int, what: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def _alltoall_start(tensor, splits, name, process_set):
+def _alltoall_start(tensor, splits, name, process_set, background=False):
     comm = _set_comm(process_set, "alltoall")
     began = timeline.now()
     size = comm.Get_size()
@@ -596,24 +636,28 @@ def _alltoall_start(tensor, splits, name, process_set):
                           tensor.device.type),
            ("dtype", "trailing shape", "device"), name, validate)
     event = timeline.begin("alltoall", name, began)
-    received = np.empty(size, np.int64)
-    comm.Alltoall(np.asarray(sends, np.int64), received)
-    row_bytes = int(np.prod(tensor.shape[1:], dtype=np.int64)) * tensor.element_size()
-    out = torch.empty((int(received.sum()), *tensor.shape[1:]), dtype=tensor.dtype)
-    send_bytes = [s * row_bytes for s in sends]
-    recv_bytes = [int(r) * row_bytes for r in received]
-    src = _host(tensor)
-    comm.Alltoallv([_buffer(src), (send_bytes, [0, *itertools.accumulate(send_bytes)][:-1]),
-                    MPI.BYTE],
-                   [_buffer(out), (recv_bytes, [0, *itertools.accumulate(recv_bytes)][:-1]),
-                    MPI.BYTE])
-    result = (out.to(tensor.device), torch.from_numpy(received.astype(np.int32)))
-    return _done("alltoall", name, comm, result, event)
+
+    def run(c):
+        received = np.empty(size, np.int64)
+        c.Alltoall(np.asarray(sends, np.int64), received)
+        row_bytes = int(np.prod(tensor.shape[1:], dtype=np.int64)) * tensor.element_size()
+        out = torch.empty((int(received.sum()), *tensor.shape[1:]), dtype=tensor.dtype)
+        send_bytes = [s * row_bytes for s in sends]
+        recv_bytes = [int(r) * row_bytes for r in received]
+        src = _host(tensor)
+        c.Alltoallv([_buffer(src), (send_bytes, [0, *itertools.accumulate(send_bytes)][:-1]),
+                     MPI.BYTE],
+                    [_buffer(out), (recv_bytes, [0, *itertools.accumulate(recv_bytes)][:-1]),
+                     MPI.BYTE])
+        return out.to(tensor.device), torch.from_numpy(received.astype(np.int32))
+
+    return _complete("alltoall", name, comm, run, event, background)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
     """Start an alltoall; synchronize() returns (output, received splits)."""
-    return _alltoall_start(tensor, splits, _name("alltoall", name), process_set)
+    return _alltoall_start(tensor, splits, _name("alltoall", name), process_set,
+                           background=True)
 
 
 class _Alltoall(torch.autograd.Function):
@@ -643,7 +687,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 
 def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
-                         kind="reducescatter"):
+                         kind="reducescatter", background=False):
     comm = _set_comm(process_set, kind)
     began = timeline.now()
     size, me = comm.Get_size(), comm.Get_rank()
@@ -666,14 +710,18 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
     rows = tensor.shape[0]
     mine = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
     row_elems = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    src = _host(tensor).clone()
-    _scale_(src, prescale)
-    out = torch.empty((mine[me], *tensor.shape[1:]), dtype=tensor.dtype)
-    datatype, mpi_op = _core.mpi_reduction(src, _MPI_OPS[op])
-    comm.Reduce_scatter([_buffer(src), datatype], [_buffer(out), datatype],
-                        [m * row_elems for m in mine], mpi_op)
-    _scale_(out, postscale / size if op == Average else postscale)
-    return _done(kind, name, comm, out.to(tensor.device), event)
+
+    def run(c):
+        src = _host(tensor).clone()
+        _scale_(src, prescale)
+        out = torch.empty((mine[me], *tensor.shape[1:]), dtype=tensor.dtype)
+        datatype, mpi_op = _core.mpi_reduction(src, _MPI_OPS[op])
+        c.Reduce_scatter([_buffer(src), datatype], [_buffer(out), datatype],
+                         [m * row_elems for m in mine], mpi_op)
+        _scale_(out, postscale / size if op == Average else postscale)
+        return out.to(tensor.device)
+
+    return _complete(kind, name, comm, run, event, background)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
@@ -681,7 +729,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Start a reduce-scatter over dimension 0 (the first rows % size ranks get one row
     more); a handle."""
     return _reducescatter_start(tensor, _name("reducescatter", name), op, prescale_factor,
-                                postscale_factor, process_set)
+                                postscale_factor, process_set, background=True)
 
 
 def _reducescatter_grad(grad: torch.Tensor, op, prescale, postscale, process_set):
@@ -724,11 +772,10 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Start reduce-scatters of a list of tensors; a handle (a list of outputs)."""
     name = _name("grouped_reducescatter", name)
-    results = [synchronize(_reducescatter_start(t, f"{name}.{i}", op, prescale_factor,
-                                                postscale_factor, process_set,
-                                                "grouped_reducescatter"))
+    started = [_reducescatter_start(t, f"{name}.{i}", op, prescale_factor, postscale_factor,
+                                    process_set, "grouped_reducescatter", background=True)
                for i, t in enumerate(tensors)]
-    return handles.start([], lambda: results, ("grouped_reducescatter", name), None)
+    return _grouped(started, ("grouped_reducescatter", name))
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
@@ -752,8 +799,10 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
                          f"{_OP_NAMES.get(op, op)} is not supported; use hvd.Average or hvd.Sum")
     name = _name("sparse_allreduce", name)
     t = tensor.coalesce()
-    indices = _allgather_start(t.indices().t().contiguous(), f"{name}.indices", process_set)
-    values = _allgather_start(t.values().contiguous(), f"{name}.values", process_set)
+    indices = _allgather_start(t.indices().t().contiguous(), f"{name}.indices", process_set,
+                               background=True)
+    values = _allgather_start(t.values().contiguous(), f"{name}.values", process_set,
+                              background=True)
 
     def handle() -> torch.Tensor:
         gathered = synchronize(values)
