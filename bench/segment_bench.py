@@ -2,10 +2,12 @@
 
     mpiexec -n 4 python bench/segment_bench.py                 (NP ranks, this MPI)
     mpiexec -n 2 python bench/segment_bench.py --segments 0,1M,4M,16M --repeat 5
+    mpiexec -n 2 python bench/segment_bench.py --form out-of-place
 
-In one job, for each message size (float32 sum, in place, numpy memory): the C floor (one
-MPI_Allreduce in a C loop, bench/floor.c), then fastreduce.allreduce_ with each segment size
-(0: one call, as the floor). Each column is timed `--repeat` times interleaved, and each ratio
+In one job, for each message size (float32 sum, numpy memory): the C floor (one
+MPI_Allreduce in a C loop, bench/floor.c), then fastreduce with each segment size (0: one
+call, as the floor). In place (default): the floor with MPI_IN_PLACE against allreduce_;
+out of place: the floor into a buffer of its own against allreduce(out=) into one. Each column is timed `--repeat` times interleaved, and each ratio
 to the floor is taken within a repeat; medians are printed. Minor page faults per call
 (getrusage, this rank) show whether the MPI maps fresh memory on every call.
 """
@@ -52,6 +54,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1M,4M,16M,32M,64M,128M,256M")
     parser.add_argument("--segments", default="0,1M,2M,4M,8M,16M")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--form", choices=("in-place", "out-of-place"), default="in-place")
     args = parser.parse_args()
     comm = fastreduce.default_comm()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -61,7 +64,7 @@ def main() -> int:
     old = runtime.segment_bytes()
     if comm.rank == 0:
         print(f"# fastreduce {fastreduce.__version__} segment benchmark: {comm.size} ranks; "
-              f"{first_line(MPI.Get_library_version())}; median of {args.repeat}")
+              f"{first_line(MPI.Get_library_version())}; {args.form}; median of {args.repeat}")
         print("# time of one call (ms, slowest rank) and, for fastreduce, the ratio to the C "
               "floor within each repeat; faults = minor page faults per call (rank 0)")
         head = "".join(f" {'seg ' + (format_size(s) if s else 'off'):>17}" for s in segments)
@@ -69,20 +72,28 @@ def main() -> int:
     for nbytes in sizes:
         count = nbytes // 4
         data = np.ones(count, np.float32)
+        out = np.empty_like(data) if args.form == "out-of-place" else None
+        send, recv = (None, data) if out is None else (data, out)
         iters = max(3, min(50, (256 << 20) // nbytes))
         floor_times, floor_faults = [], []
         seg_times = {s: [] for s in segments}
         seg_ratio = {s: [] for s in segments}
         seg_faults = []
         for _ in range(args.repeat):
-            t, f = timed(comm, lambda data=data, count=count: floor.floor_allreduce(
-                fcomm, None, data.ctypes.data, count, 0, 1), iters)
+            t, f = timed(comm, lambda send=send, recv=recv, count=count: floor.floor_allreduce(
+                fcomm, None if send is None else send.ctypes.data, recv.ctypes.data, count, 0,
+                1), iters)
             floor_times.append(t)
             floor_faults.append(f)
             for s in segments:
                 runtime.set_segment_bytes(s)
-                ts, fs = timed(comm, lambda data=data: fastreduce.allreduce_(data, comm=comm),
-                               iters)
+                if out is None:
+                    def call(data=data):
+                        fastreduce.allreduce_(data, comm=comm)
+                else:
+                    def call(data=data, out=out):
+                        fastreduce.allreduce(data, comm=comm, out=out)
+                ts, fs = timed(comm, call, iters)
                 seg_times[s].append(ts)
                 seg_ratio[s].append(ts / t)
                 if s == segments[-1]:

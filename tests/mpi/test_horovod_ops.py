@@ -469,15 +469,20 @@ def test_join(checks, dynamic_sets):
 
 
 @MORE_THAN_ONE
-def test_each_rank_joins_first_while_the_others_gather(checks, dynamic_sets):
-    """Horovod's join test: each rank in turn joins first while the others' allgather
-    raises; then they join too, and join() returns the same rank everywhere, never the
-    first to join."""
+@pytest.mark.parametrize("call", ["allgather", "broadcast-own-root"])
+def test_each_rank_joins_first_while_the_others_gather(checks, dynamic_sets, call):
+    """Horovod's join tests: each rank in turn joins first while the others' allgather (or
+    broadcast, each naming itself the root: calls that differ too) raises on them, the
+    joined rank waiting on; then they join too, and join() returns the same rank
+    everywhere, never the first to join."""
+    refused = {
+        "allgather": lambda: hvd.allgather(torch.ones(3, 2)),
+        "broadcast-own-root": lambda: hvd.broadcast(torch.ones(2), rank, name="own root")}[call]
     for first in range(size):
         if rank == first:
             last = hvd.join()
         else:
-            checks.expect(RuntimeError, ["have joined"], lambda: hvd.allgather(torch.ones(3, 2)))
+            checks.expect(RuntimeError, [], refused)
             last = hvd.join()
         checks.check(last != first, f"join returned the first rank to join, {first}")
         everyone = hvd.allgather_object(last)

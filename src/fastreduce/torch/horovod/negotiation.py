@@ -81,30 +81,36 @@ def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dic
 
 def follow(comm: MPI.Intracomm, first: bool):
     """join()'s side of agree(): ("joined", last rank) once every rank has joined, else
-    (fields, joined ranks) of the call the other ranks make."""
+    (fields, joined ranks) of the call the other ranks make (fields None: they refused it
+    or differ, and raise)."""
     _exchange(comm, JOINED, int(first))
     return _slow(comm, JOINED, {"first": first}, None)
 
 
 def _slow(comm: MPI.Intracomm, status: int, fields: dict, error):
     """The slow path: every rank's full description (a vote of fastreduce.agreement, the
-    status its extra), then every rank raises alike, or learns which ranks joined."""
+    status its extra), then every active rank raises alike, or learns which ranks joined.
+    A joined rank never raises for the active ranks' call: it learns (None, joined) when
+    they refuse it or differ, and waits on in join()."""
     everyone = comm.allgather(agreement.vote(fields, error, status))
+    joined = [r for r, (_, _, s) in enumerate(everyone) if s == JOINED]
+    active = [(r, f) for r, (f, _, s) in enumerate(everyone) if s != JOINED]
+    descriptions = [f for _, f in active]
+    if status == JOINED:
+        if not active:
+            firsts = [r for r, (f, _, _) in enumerate(everyone) if f["first"]]
+            return "joined", max(firsts) if firsts else comm.Get_size() - 1
+        refused = any(text is not None for _, text, _ in everyone)
+        if refused or agreement.differences(descriptions) is not None:
+            return None, joined
+        return descriptions[0], joined
     agreement.raise_refusals(everyone, error, lambda ranks, listing: HorovodMismatch(
         f"fastreduce.horovod: {agreement.ranks_text(ranks)} refused the collective, so no "
         f"rank runs it ({listing})"))
-    joined = [r for r, (_, _, s) in enumerate(everyone) if s == JOINED]
-    active = [(r, f) for r, (f, _, s) in enumerate(everyone) if s != JOINED]
-    if not active:
-        firsts = [r for r, (f, _, _) in enumerate(everyone) if f["first"]]
-        return "joined", max(firsts) if firsts else comm.Get_size() - 1
-    descriptions = [f for _, f in active]
     found = agreement.differences(descriptions, [r for r, _ in active])
     if found is not None:
         raise HorovodMismatch(
             f"fastreduce.horovod: the ranks of a process set of {comm.Get_size()} submitted "
             f"different collectives ({found.text()}); every rank must submit the same "
             f"collectives, with the same names, dtypes, shapes and ops, in the same order")
-    if status == JOINED:
-        return descriptions[0], joined
     return joined

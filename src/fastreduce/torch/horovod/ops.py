@@ -836,6 +836,8 @@ def join(device=-1) -> int:
         if followed[0] == "joined":
             return followed[1]
         fields, joined = followed
+        if fields is None:  # the active ranks refused their call, or differ: they raise
+            continue
         kind, _, number = str(fields["name"]).rpartition(".noname.")
         if kind and number.isdigit():  # unnamed calls stay numbered alike on every rank
             world.current.unnamed[kind] = itertools.count(int(number) + 1)
