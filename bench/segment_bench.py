@@ -7,9 +7,10 @@
 In one job, for each message size (float32 sum, numpy memory): the C floor (one
 MPI_Allreduce in a C loop, bench/floor.c), then fastreduce with each segment size (0: one
 call, as the floor). In place (default): the floor with MPI_IN_PLACE against allreduce_;
-out of place: the floor into a buffer of its own against allreduce(out=) into one. Each column is timed `--repeat` times interleaved, and each ratio
-to the floor is taken within a repeat; medians are printed. Minor page faults per call
-(getrusage, this rank) show whether the MPI maps fresh memory on every call.
+out of place: the floor into a buffer of its own against allreduce(out=) into one. Each
+column is timed `--repeat` times interleaved, and each ratio to the floor is taken within a
+repeat; medians are printed. Minor page faults per call (getrusage, this rank) show whether
+the MPI maps fresh memory on every call.
 """
 
 from __future__ import annotations
