@@ -122,7 +122,10 @@ def read_logs(out: Path, ranks: int) -> dict[str, dict[int, dict]]:
         if not path.exists():
             continue
         for line in path.read_text().splitlines():
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the last line of a rank that was killed
+                continue
             per_rank = results.setdefault(record["test"], {})
             if record["event"] == "start" or per_rank.get(rank, {}).get("event") in (
                     None, "start", "passed"):
@@ -135,7 +138,8 @@ def finished(per_rank: dict[int, dict], rank: int) -> bool:
     return per_rank.get(rank, {}).get("event", "start") != "start"
 
 
-def run(root: Path, ranks: int, timeout: float, select: list[str]) -> dict:
+def run(root: Path, ranks: int, timeout: float, select: list[str],
+        job_timeout: float = 3600) -> dict:
     """Every test on `ranks` ranks, jobs restarted after a hang; test -> outcome."""
     out = root / f"out-{ranks}"
     out.mkdir()
@@ -154,7 +158,14 @@ def run(root: Path, ranks: int, timeout: float, select: list[str]) -> dict:
                    "-p", "no:cacheprovider", "-o", f"timeout={timeout}",
                    "-o", "timeout_method=thread", "test/parallel/test_torch.py", *select]
         started = time.monotonic()
-        proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+        try:  # a hang outside any test (collection, exit) ends at the job's limit
+            proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=job_timeout)
+        except subprocess.TimeoutExpired as exc:
+            out, err = (t.decode(errors="replace") if isinstance(t, bytes) else t or ""
+                        for t in (exc.stdout, exc.stderr))
+            proc = subprocess.CompletedProcess(command, 124, out, f"{err}\nTimeout: the "
+                                               f"job ran past {job_timeout:.0f} s")
         results = read_logs(out, ranks)
         unfinished = [t for t, per_rank in results.items() if t not in ended
                       and not all(finished(per_rank, r) for r in range(ranks))]
@@ -198,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horovod", type=Path, required=True, help="a Horovod checkout")
     parser.add_argument("--ranks", default="2,3", help="rank counts, e.g. 2,3 (default)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per test")
+    parser.add_argument("--job-timeout", type=float, default=3600,
+                        help="seconds per MPI job (a hang outside any test)")
     parser.add_argument("--json", type=Path, help="write every outcome here")
     parser.add_argument("-k", help="pytest -k expression: only these tests")
     args = parser.parse_args(argv)
@@ -205,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     select = ["-k", args.k] if args.k else []
     report = {}
     for ranks in (int(n) for n in args.ranks.split(",")):
-        outcomes = run(root, ranks, args.timeout, select)
+        outcomes = run(root, ranks, args.timeout, select, args.job_timeout)
         report[ranks] = outcomes
         counts = {k: sum(o["outcome"] == k for o in outcomes.values())
                   for k in ("passed", "failed", "skipped", "hung")}

@@ -123,6 +123,7 @@ def test_buckets_overlap_the_gpus_compute(comm, checks):
     fakecuda.quiesce()
     fakecuda.log_copies(1000)
     fakempi.log_calls(1000)
+    comm.Barrier()  # the ranks start together: the reductions wait for the slowest
     try:
         requests = []
         for k, (g, n) in enumerate(zip(arrays, sizes, strict=True)):

@@ -2,7 +2,8 @@
 every rank); accumulation; refused misuse; bad input.
 
 Every case also runs on 3 ranks with every bucket through the progress engine
-(FASTREDUCE_ENGINE_HOST_BYTES=0) and with none (off): the same gradients.
+(engine.set_host(True), as FASTREDUCE_ENGINE_HOST_BYTES=0) and with none (off): the same
+gradients.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ def engine(request):
 
     engine.set_host({"default": None, "engine-every-size": True,
                      "engine-host-off": False}[request.param])
-    want = {"default": engine.DEFAULT_HOST_BYTES, "engine-every-size": 0,
-            "engine-host-off": -1}[request.param]
-    assert engine.host_bytes() == want, f"{request.param}: {engine.host_bytes()}"
-    yield request.param
-    engine.set_host(None)
+    try:
+        want = {"default": engine.DEFAULT_HOST_BYTES, "engine-every-size": 0,
+                "engine-host-off": -1}[request.param]
+        assert engine.host_bytes() == want, f"{request.param}: {engine.host_bytes()}"
+        yield request.param
+    finally:
+        engine.set_host(None)
 
 
 @pytest.mark.parametrize("bucket_mb", [25, 0.002], ids=["one-bucket", "tiny-buckets"])

@@ -489,6 +489,31 @@ def test_each_rank_joins_first_while_the_others_gather(checks, dynamic_sets, cal
         checks.check(everyone == [last] * size, f"join returned {everyone}")
 
 
+@MORE_THAN_ONE
+def test_unnamed_grouped_calls_refused_while_joined_keep_numbering_alike(checks, dynamic_sets):
+    """Unnamed grouped calls the active ranks make (refused) while a rank has joined leave
+    every rank's numbering alike: the same unnamed call works everywhere after."""
+    if rank == 0:
+        hvd.join()
+    else:
+        checks.expect(RuntimeError, ["have joined"],
+                      lambda: hvd.grouped_allgather([torch.ones(2), torch.ones(1)]))
+        hvd.join()
+    got = hvd.grouped_allgather([torch.ones(2), torch.ones(1)])
+    checks.check([g.tolist() for g in got] == [[1.0] * 2 * size, [1.0] * size],
+                 f"grouped allgather after join: {got}")
+
+
+def test_grouped_async_refused_part_way_leaves_nothing_in_flight(checks):
+    """A grouped call whose second tensor is refused finishes the first before raising:
+    the same name can be used again at once."""
+    bad = [torch.ones(2), torch.tensor(1.0)]  # a 0-d tensor cannot be gathered
+    checks.expect(ValueError, ["at least one dimension"],
+                  lambda: hvd.grouped_allgather_async(bad, name="part way"))
+    got = hvd.synchronize(hvd.grouped_allgather_async([torch.ones(2)], name="part way"))
+    checks.check(got[0].tolist() == [1.0] * 2 * size, f"grouped allgather again: {got}")
+
+
 def test_join_optimizer(checks, dynamic_sets):
     """The last rank trains one step and joins; the others train two, the joined rank's
     share of the second step's average being zero."""

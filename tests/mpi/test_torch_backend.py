@@ -4,8 +4,9 @@ gloo's answer in the same job wherever gloo implements the operation. Sync and a
 the world and subgroups (ranks outside a group call nothing), bad input.
 
 Every case runs on 1 to 4 ranks, and on 3 ranks twice more: with the progress engine off
-(FASTREDUCE_ENGINE=0: non-blocking operations run at once, same answers) and with every
-non-blocking operation, however small, on the engine (FASTREDUCE_ENGINE_HOST_BYTES=0).
+(engine.set_enabled(False), as FASTREDUCE_ENGINE=0: non-blocking operations run at once,
+same answers) and with every non-blocking operation, however small, on the engine
+(engine.set_host(True), as FASTREDUCE_ENGINE_HOST_BYTES=0).
 """
 
 from __future__ import annotations

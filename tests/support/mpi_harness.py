@@ -5,7 +5,7 @@
 
 Every rank runs the same pytest session. A case is marked with the rank counts and the
 profile (tests/support/profiles.py) it runs with, `@pytest.mark.mpi(ranks=(2, 3),
-profile="debug")`; unmarked cases run on 1 to 4 ranks in the default profile. Cases for
+profile="fakecuda")`; unmarked cases run on 1 to 4 ranks in the default profile. Cases for
 other rank counts or profiles are deselected, and a session that selects none of its
 cases says which sessions would.
 

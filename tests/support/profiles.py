@@ -1,9 +1,9 @@
 """The environments a multi-rank session can run in, by name (`--profile NAME`).
 
-fastreduce reads its settings from the environment once, at first use, so a case that
-needs another setting than the default runs in a session started with it. A case names
-its profile with `@pytest.mark.mpi(profile=...)`; tests/support/sessions.py starts every
-(ranks, profile) session that some case asks for.
+What must be in place before fastreduce is imported (a fake CUDA runtime, a fake MPI layer,
+a setting fastreduce reads once) is a profile: a case that needs it runs in a session
+started with it. A case names its profile with `@pytest.mark.mpi(profile=...)`;
+tests/support/sessions.py starts every (ranks, profile) session that some case asks for.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _fake_cuda() -> dict[str, str]:
     return {"FASTREDUCE_CUDART": fakecuda.library_path()}
 
 
-def _fake_cuda_and_pointer_log() -> None:
+def _pointer_log() -> None:
     """The fake MPI layer's pointer log (tests/support/fakempi), which records the kind of
     memory every all-reduce is handed: it must be loaded before fastreduce is imported,
     which no case can do. It passes every call on to the real MPI."""
@@ -33,12 +33,12 @@ def _fake_cuda_and_pointer_log() -> None:
 # name -> (what it is for, a function giving the variables it sets, what the session loads
 # before fastreduce or None). Settings fastreduce reads at each call (the progress engine's,
 # debug mode) are not profiles: a fixture sets them for its cases (engine.set_enabled,
-# engine.set_host, fastreduce.set_debug), in the default session of that size.
+# engine.set_host, fastreduce.set_debug) in the session their other needs choose.
 PROFILES = {
     "default": ("no fastreduce setting", dict, None),
     "fakecuda": ("the GPU paths over the fake CUDA runtime (tests/support/fakecuda), MPI "
                  "calls logged by the kind of memory they are handed (tests/support/fakempi)",
-                 _fake_cuda, _fake_cuda_and_pointer_log),
+                 _fake_cuda, _pointer_log),
     "half-ops-fastreduce": ("fastreduce's own 16-bit float ops",
                             lambda: {"FASTREDUCE_HALF_OPS": "fastreduce"}, None),
     "half-ops-mpi": ("the MPI's 16-bit float types where it has them",

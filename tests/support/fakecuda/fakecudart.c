@@ -166,8 +166,8 @@ static int remove_range(void *p, int device)
 /* ---------------------------------------------------------------- the copy log */
 
 /* When on (fakecuda_log_copies), each copy (and fakecuda_launch_write) a stream worker runs
- * is recorded: its kind, its stream, the bytes and when it ran (CLOCK_MONOTONIC, ns), so that tests can see which
- * copies overlapped which MPI calls. Guarded by g_lock. */
+ * is recorded: its kind, its stream, the bytes and when it ran (CLOCK_MONOTONIC, ns), so
+ * that tests can see which copies overlapped which MPI calls. Guarded by g_lock. */
 struct copy_record {
     int kind;
     uint64_t stream;
@@ -913,8 +913,6 @@ EXPORT int cudaStreamIsCapturing(void *stream, int *status)
 
 /* ---------------------------------------------------------------- test helpers (not CUDA) */
 
-/* After `after` more successful cudaEventSynchronize calls (any thread), make the next n
- * fail with cudaErrorIllegalAddress. */
 /* Record the next `capacity` copies (0: stop and forget the log); 0, or an allocation error. */
 EXPORT int fakecuda_log_copies(size_t capacity)
 {
@@ -932,12 +930,15 @@ EXPORT size_t fakecuda_copy_log(struct copy_record *out, size_t max)
 {
     pthread_mutex_lock(&g_lock);
     size_t n = g_log_used < max ? g_log_used : max;
-    memcpy(out, g_log, n * sizeof *out);
+    if (n)
+        memcpy(out, g_log, n * sizeof *out);
     n = g_log_used;
     pthread_mutex_unlock(&g_lock);
     return n;
 }
 
+/* After `after` more successful cudaEventSynchronize calls (any thread), make the next n
+ * fail with cudaErrorIllegalAddress. */
 EXPORT void fakecuda_fail_event_syncs(int n, int after)
 {
     pthread_mutex_lock(&g_lock);

@@ -10,6 +10,7 @@
  * Build: mpicc -O1 -shared -fPIC -o libpointerlog.so pointerlog.c
  */
 #include <mpi.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -58,9 +59,9 @@ struct call_record {
     int64_t start_ns, end_ns;
 };
 
+static pthread_mutex_t g_calls_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the three below */
 static struct call_record *g_calls;
-static size_t g_calls_capacity;
-static size_t g_calls_used; /* atomic: calls may come from several threads */
+static size_t g_calls_capacity, g_calls_used;
 
 static int64_t now_ns(void)
 {
@@ -73,20 +74,23 @@ static int64_t now_ns(void)
  * Not to be called while all-reduces run. */
 EXPORT int pointerlog_log_calls(size_t capacity)
 {
+    pthread_mutex_lock(&g_calls_lock);
     free(g_calls);
     g_calls = capacity ? calloc(capacity, sizeof *g_calls) : NULL;
     g_calls_capacity = g_calls ? capacity : 0;
-    __atomic_store_n(&g_calls_used, 0, __ATOMIC_SEQ_CST);
+    g_calls_used = 0;
+    pthread_mutex_unlock(&g_calls_lock);
     return capacity && !g_calls;
 }
 
 /* Copy up to `max` records into out; returns how many calls were recorded. */
 EXPORT size_t pointerlog_calls(struct call_record *out, size_t max)
 {
-    size_t used = __atomic_load_n(&g_calls_used, __ATOMIC_SEQ_CST);
-    if (used > g_calls_capacity)
-        used = g_calls_capacity;
-    memcpy(out, g_calls, (used < max ? used : max) * sizeof *out);
+    pthread_mutex_lock(&g_calls_lock);
+    size_t used = g_calls_used, n = used < max ? used : max;
+    if (n)
+        memcpy(out, g_calls, n * sizeof *out);
+    pthread_mutex_unlock(&g_calls_lock);
     return used;
 }
 
@@ -94,16 +98,17 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
                          MPI_Op op, MPI_Comm comm)
 {
     record(CALL_ALLREDUCE, sendbuf, recvbuf);
-    if (!g_calls_capacity)
-        return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
     int64_t start = now_ns();
     int err = PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-    size_t slot = __atomic_fetch_add(&g_calls_used, 1, __ATOMIC_SEQ_CST);
-    if (slot < g_calls_capacity) {
+    int64_t end = now_ns();
+    pthread_mutex_lock(&g_calls_lock);
+    if (g_calls_used < g_calls_capacity) {
         int size = 0;
         PMPI_Type_size(datatype, &size);
-        g_calls[slot] = (struct call_record){(uint64_t)count * (uint64_t)size, start, now_ns()};
+        g_calls[g_calls_used++] = (struct call_record){(uint64_t)count * (uint64_t)size, start,
+                                                       end};
     }
+    pthread_mutex_unlock(&g_calls_lock);
     return err;
 }
 

@@ -43,7 +43,7 @@ from .functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .negotiation import HorovodInternalError, HorovodMismatch
+from .negotiation import HorovodArgumentError, HorovodInternalError, HorovodMismatch
 from .ops import (
     Adasum,
     Average,
@@ -85,7 +85,8 @@ from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodArgumentError",
+    "HorovodInternalError",
     "HorovodMismatch", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
     "__version__", "add_process_set", "allgather", "allgather_async", "allgather_object",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",

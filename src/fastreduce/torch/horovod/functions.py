@@ -7,6 +7,7 @@ import pickle
 import torch
 
 from .basics import rank
+from .negotiation import HorovodInternalError
 from .ops import allgather, broadcast_, broadcast_async_, synchronize
 from .process_sets import global_process_set
 
@@ -98,13 +99,33 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=global_proc
     broadcasts; the other ranks then load it with load_state_dict(). As Horovod does, an
     optimizer with no state yet (no step taken) first gets it from one local step with
     every trained parameter's gradient set to zero (a DistributedOptimizer's step without
-    its reduction); the gradients stay zero.
+    its reduction); the gradients stay zero. That step moves the parameters where the
+    optimizer decays weights (SGD's weight_decay, AdamW), alike on every rank; an optimizer
+    that keeps no state (SGD without momentum) takes it at every call. torch.optim.LBFGS is
+    refused, as in Horovod (its step needs a closure).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"fastreduce.horovod: broadcast_optimizer_state takes a torch "
                         f"optimizer, not {type(optimizer).__qualname__}")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("fastreduce.horovod: broadcast_optimizer_state cannot broadcast "
+                         "torch.optim.LBFGS's state (as Horovod); save and load its "
+                         "state_dict() with broadcast_object instead")
+    error = None
     if not optimizer.state_dict()["state"]:
-        _initialize_state(optimizer)
+        try:
+            _initialize_state(optimizer)
+        except Exception as exc:  # noqa: BLE001  (every rank learns of it below)
+            error = exc
+    failed = allgather_object(None if error is None else f"{type(error).__name__}: {error}",
+                              name="optimizer_state.init", process_set=process_set)
+    if error is not None:
+        raise error
+    if any(failed):
+        listing = "; ".join(f"rank {r}: {text}" for r, text in enumerate(failed) if text)
+        raise HorovodInternalError(f"fastreduce.horovod: broadcast_optimizer_state: the step "
+                                   f"that makes a fresh optimizer's state failed elsewhere "
+                                   f"({listing}), so nothing was broadcast")
     is_root = rank() == root_rank
     tensors: list = []
     skeleton = _skeleton(optimizer.state_dict(), tensors) if is_root else None

@@ -81,8 +81,8 @@ def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dic
 
 def follow(comm: MPI.Intracomm, first: bool):
     """join()'s side of agree(): ("joined", last rank) once every rank has joined, else
-    (fields, joined ranks) of the call the other ranks make (fields None: they refused it
-    or differ, and raise)."""
+    (fields, joined ranks) of the call the other ranks make (fields {"refused": True,
+    "name": their name, or None where it differs}: they refused it or differ, and raise)."""
     _exchange(comm, JOINED, int(first))
     return _slow(comm, JOINED, {"first": first}, None)
 
@@ -90,8 +90,8 @@ def follow(comm: MPI.Intracomm, first: bool):
 def _slow(comm: MPI.Intracomm, status: int, fields: dict, error):
     """The slow path: every rank's full description (a vote of fastreduce.agreement, the
     status its extra), then every active rank raises alike, or learns which ranks joined.
-    A joined rank never raises for the active ranks' call: it learns (None, joined) when
-    they refuse it or differ, and waits on in join()."""
+    A joined rank never raises for the active ranks' call: it learns that they refused it
+    or differ, and waits on in join()."""
     everyone = comm.allgather(agreement.vote(fields, error, status))
     joined = [r for r, (_, _, s) in enumerate(everyone) if s == JOINED]
     active = [(r, f) for r, (f, _, s) in enumerate(everyone) if s != JOINED]
@@ -102,7 +102,8 @@ def _slow(comm: MPI.Intracomm, status: int, fields: dict, error):
             return "joined", max(firsts) if firsts else comm.Get_size() - 1
         refused = any(text is not None for _, text, _ in everyone)
         if refused or agreement.differences(descriptions) is not None:
-            return None, joined
+            names = {f.get("name") for f in descriptions}
+            return {"refused": True, "name": names.pop() if len(names) == 1 else None}, joined
         return descriptions[0], joined
     agreement.raise_refusals(everyone, error, lambda ranks, listing: HorovodMismatch(
         f"fastreduce.horovod: {agreement.ranks_text(ranks)} refused the collective, so no "

@@ -12,6 +12,8 @@ set's communicator). With the engine off they run when submitted, their handle c
 from __future__ import annotations
 
 import itertools
+import re
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -60,6 +62,10 @@ def _op_of(op, average, what: str):
         return ValueError(f"fastreduce.horovod: {what}: op {op!r} is not one of hvd.Average, "
                           f"hvd.Sum, hvd.Min, hvd.Max, hvd.Product")
     return op
+
+
+# an unnamed call's name (kind, number), with a grouped or sparse call's part after it
+_UNNAMED = re.compile(r"^(.*?)\.noname\.(\d+)(?:\.|$)")
 
 
 def _name(kind: str, name) -> str:
@@ -436,12 +442,13 @@ class _JobRequest:
         _engine.wait_job(self.job)
 
 
-def _complete(kind, name, comm, run, event, background: bool) -> int:
+def _complete(kind, name, comm, run, event, background: bool, tensor) -> int:
     """A handle for run(comm), the collective's data movement, agreed already. In the
-    background (an _async call, the progress engine on): on the engine's thread and its
-    duplicate of comm, in submission order on every rank, so poll() is False until it is
-    done. Else at once."""
-    if background and _engine.state()[0]:
+    background (an _async call of a CPU tensor, the progress engine on): on the engine's
+    thread and its duplicate of comm, in submission order on every rank, so poll() is
+    False until it is done. Else at once (a CUDA tensor's copies stay on the caller's
+    stream)."""
+    if background and tensor.device.type == "cpu" and _engine.state()[0]:
         dup = _core.engine_comm(comm)
         box: list = []
         job = _engine.submit_call(lambda: box.append(run(dup)))
@@ -477,7 +484,8 @@ def _allgather_start(tensor, name, process_set, kind="allgather", background=Fal
     _agree(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape[1:]), tensor.device.type),
            ("dtype", "trailing shape", "device"), name, validate)
     event = timeline.begin(kind, name, began)
-    return _complete(kind, name, comm, lambda c: _allgather_now(c, tensor)[0], event, background)
+    return _complete(kind, name, comm, lambda c: _allgather_now(c, tensor)[0], event, background,
+                     tensor)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
@@ -512,15 +520,63 @@ def allgather(tensor, name=None, process_set=global_process_set):
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     """Start allgathers of a list of tensors; a handle (a list of outputs)."""
     name = _name("grouped_allgather", name)
-    started = [_allgather_start(t, f"{name}.{i}", process_set, "grouped_allgather",
-                                background=True) for i, t in enumerate(tensors)]
+    started = _start_each(lambda i, t: _allgather_start(
+        t, f"{name}.{i}", process_set, "grouped_allgather", background=True), tensors)
     return _grouped(started, ("grouped_allgather", name))
+
+
+class _Quiet:
+    """A request whose wait() only waits: its error is raised by its own handle's
+    synchronize()."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request):
+        self.request = request
+
+    def test(self) -> bool:
+        return self.request.test()
+
+    def wait(self) -> None:
+        try:
+            self.request.wait()
+        except Exception:  # noqa: BLE001  (synchronize_all raises it, after the others)
+            pass
+
+
+def _synchronize_all(started: list[int]) -> list:
+    """Every handle of `started` synchronized, even after one raises; their results, or
+    the first error."""
+    results, error = [], None
+    for h in started:
+        try:
+            results.append(synchronize(h))
+        except Exception as exc:  # noqa: BLE001  (raised below, once all are finished)
+            error = error or exc
+    if error is not None:
+        raise error
+    return results
+
+
+def _start_each(start, items) -> list[int]:
+    """start(i, item) for each item; if one raises, those started are finished first."""
+    started: list[int] = []
+    try:
+        for i, item in enumerate(items):
+            started.append(start(i, item))
+    except BaseException:
+        try:
+            _synchronize_all(started)
+        except Exception:  # noqa: BLE001, S110  (the refusal is the error to report)
+            pass
+        raise
+    return started
 
 
 def _grouped(started: list[int], key) -> int:
     """One handle for the handles `started`: done when all are, their results a list."""
-    requests = [r for h in started for r in handles.requests(h)]
-    return handles.start(requests, lambda: [synchronize(h) for h in started], key, None)
+    requests = [_Quiet(r) for h in started for r in handles.requests(h)]
+    return handles.start(requests, lambda: _synchronize_all(started), key, None)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
@@ -555,7 +611,7 @@ def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadca
             output.copy_(host)
         return output
 
-    return _complete(kind, name, comm, run, event, background)
+    return _complete(kind, name, comm, run, event, background, output)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
@@ -651,7 +707,7 @@ def _alltoall_start(tensor, splits, name, process_set, background=False):
                      MPI.BYTE])
         return out.to(tensor.device), torch.from_numpy(received.astype(np.int32))
 
-    return _complete("alltoall", name, comm, run, event, background)
+    return _complete("alltoall", name, comm, run, event, background, tensor)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
@@ -721,7 +777,7 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
         _scale_(out, postscale / size if op == Average else postscale)
         return out.to(tensor.device)
 
-    return _complete(kind, name, comm, run, event, background)
+    return _complete(kind, name, comm, run, event, background, tensor)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
@@ -772,9 +828,9 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Start reduce-scatters of a list of tensors; a handle (a list of outputs)."""
     name = _name("grouped_reducescatter", name)
-    started = [_reducescatter_start(t, f"{name}.{i}", op, prescale_factor, postscale_factor,
-                                    process_set, "grouped_reducescatter", background=True)
-               for i, t in enumerate(tensors)]
+    started = _start_each(lambda i, t: _reducescatter_start(
+        t, f"{name}.{i}", op, prescale_factor, postscale_factor, process_set,
+        "grouped_reducescatter", background=True), tensors)
     return _grouped(started, ("grouped_reducescatter", name))
 
 
@@ -789,7 +845,8 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 # -- sparse, barrier, join --------------------------------------------------------------------
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+def sparse_allreduce_async(tensor, name, op,
+                           process_set=global_process_set) -> Callable[[], torch.Tensor]:
     """Start reducing a sparse COO tensor (allgather of indices and values); as Horovod's,
     a handle to call: handle() waits and returns the coalesced sparse result."""
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
@@ -799,14 +856,12 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
                          f"{_OP_NAMES.get(op, op)} is not supported; use hvd.Average or hvd.Sum")
     name = _name("sparse_allreduce", name)
     t = tensor.coalesce()
-    indices = _allgather_start(t.indices().t().contiguous(), f"{name}.indices", process_set,
-                               background=True)
-    values = _allgather_start(t.values().contiguous(), f"{name}.values", process_set,
-                              background=True)
+    parts = {"indices": t.indices().t().contiguous(), "values": t.values().contiguous()}
+    indices, values = _start_each(lambda _, part: _allgather_start(
+        parts[part], f"{name}.{part}", process_set, background=True), parts)
 
     def handle() -> torch.Tensor:
-        gathered = synchronize(values)
-        where = synchronize(indices)
+        where, gathered = _synchronize_all([indices, values])
         if op == Average:
             gathered = gathered / process_set.size()
         return torch.sparse_coo_tensor(where.t(), gathered, t.shape).coalesce()
@@ -836,11 +891,11 @@ def join(device=-1) -> int:
         if followed[0] == "joined":
             return followed[1]
         fields, joined = followed
-        if fields is None:  # the active ranks refused their call, or differ: they raise
+        unnamed = _UNNAMED.match(str(fields["name"]))
+        if unnamed:  # unnamed calls stay numbered alike on every rank
+            world.current.unnamed[unnamed[1]] = itertools.count(int(unnamed[2]) + 1)
+        if fields.get("refused"):  # the active ranks refused their call, or differ: they raise
             continue
-        kind, _, number = str(fields["name"]).rpartition(".noname.")
-        if kind and number.isdigit():  # unnamed calls stay numbered alike on every rank
-            world.current.unnamed[kind] = itertools.count(int(number) + 1)
         if _join_refusal(fields, joined) is None:  # else the active ranks raise
             _take_part(comm, fields, device)
 
