@@ -169,9 +169,14 @@ def _train(model, sync, steps: int, seed: int = 7) -> None:
 def test_schedules_match_the_reference(checks, monkeypatch, schedule):
     """Each schedule, fixed, gives the one-by-one reference's gradients on every step
     (serial-in-place: every gradient counts as large and is reduced where autograd left it,
-    a layer without gradient on some ranks among them)."""
-    from fastreduce.torch import buckets  # noqa: PLC0415
+    a layer without gradient on some ranks among them). The serial schedule reduces host
+    gradients with blocking calls, none handed to the progress engine."""
+    from fastreduce.torch import buckets, gradsync  # noqa: PLC0415
 
+    started = []
+    real = gradsync.iallreduce_
+    monkeypatch.setattr(gradsync, "iallreduce_",
+                        lambda *args, **kwargs: started.append(1) or real(*args, **kwargs))
     if schedule == "serial-in-place":
         monkeypatch.setattr(buckets, "DIRECT_BYTES", 0)
         schedule = "serial"
@@ -197,6 +202,8 @@ def test_schedules_match_the_reference(checks, monkeypatch, schedule):
             fastreduce.allreduce_(want, "avg")
             checks.check(torch.allclose(a.grad, want, rtol=1e-5, atol=1e-7),
                          f"{schedule} step {step}: grad of {name}")
+        checks.check(bool(started) == (schedule == "overlap"),
+                     f"{schedule}: {len(started)} non-blocking reductions by step {step}")
         for a, b in zip(model.parameters(), reference.parameters(), strict=True):
             with torch.no_grad():
                 a.add_(a.grad, alpha=-0.1)

@@ -600,6 +600,38 @@ def test_mismatch(checks, dynamic_sets, mistake):
 
 
 @MORE_THAN_ONE
+def test_process_set_change_meets_a_collective_as_a_mismatch(checks, dynamic_sets):
+    """A rank still in a collective while the others add or remove a process set: every
+    rank raises HorovodMismatch (where the two met in MPI, the job hung), and the set is
+    neither made nor removed half-way."""
+    x = torch.ones(size * 2)
+    checks.expect_everywhere(lambda: hvd.reducescatter(x, name="rs") if rank == 0 else
+                             hvd.add_process_set([1]), ["call", "hvd.add_process_set"])
+    ps = hvd.add_process_set([1])
+    checks.expect_everywhere(lambda: hvd.allreduce(x, name="ar") if rank == 0 else
+                             hvd.remove_process_set(ps), ["call", "hvd.remove_process_set"])
+    checks.check(hvd.remove_process_set(ps), "the set is still there to remove")
+    checks.check(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size, size],
+                 "after errors")
+
+
+@MORE_THAN_ONE
+def test_a_rank_that_shuts_down_is_learned_by_the_others(checks, dynamic_sets):
+    """Rank 0 shuts down while the others submit an allreduce and then an allgather: they
+    raise HorovodInternalError naming rank 0, the second at once; then all start again."""
+    if rank == 0:
+        hvd.shutdown()
+    else:
+        for call in (lambda: hvd.allreduce(torch.ones(2), name="late"),
+                     lambda: hvd.allgather(torch.ones(1), name="later")):
+            checks.expect(hvd.HorovodInternalError, ["rank 0", "shut down"], call)
+        hvd.shutdown()
+    hvd.init(process_sets="dynamic")
+    checks.check(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size, size],
+                 "after init")
+
+
+@MORE_THAN_ONE
 def test_unnamed_calls_numbered_afresh_after_init(checks):
     """A mismatch that left the ranks' unnamed-call numbers apart (rank 0 called barrier,
     the others an unnamed allgather) does not outlive hvd.shutdown() and hvd.init()."""

@@ -109,12 +109,32 @@ class Reduction:
     returns its request (wait(), test(), done, add_done_callback()); `finish(bucket)`, once
     it has completed, leaves the result in bucket.flat; `sum(values)`, a blocking sum over
     the ranks of a float64 tensor; `bcast(obj)`, rank 0's picklable object (None: the
-    buckets are never rebuilt)."""
+    buckets are never rebuilt); `run(bucket)`, where given, the same reduction blocking,
+    which the serial schedule uses for host buffers."""
 
     start: Callable[[Bucket], object]
     finish: Callable[[Bucket], None]
     sum: Callable[[torch.Tensor], torch.Tensor]
     bcast: Callable[[object], object] | None = None
+    run: Callable[[Bucket], None] | None = None
+
+
+class _Completed:
+    """The request of a reduction that ran blocking."""
+
+    done = True
+
+    def wait(self) -> None:
+        pass
+
+    def test(self) -> bool:
+        return True
+
+    def add_done_callback(self, fn: Callable[[object], object]) -> None:
+        fn(self)
+
+
+_COMPLETED = _Completed()
 
 
 def schedule_setting() -> str:
@@ -345,7 +365,7 @@ class BucketEngine:
                 self.next += 1
             self._progress()
 
-    def _start(self, bucket: Bucket) -> None:
+    def _start(self, bucket: Bucket, blocking: bool = False) -> None:
         fresh = self.fresh
         index = self.index
         with torch.no_grad():
@@ -353,7 +373,14 @@ class BucketEngine:
                 if not fresh[index[p]]:  # no gradient this step: contribute zeros
                     view.zero_()
         bucket.times[2] = now_us()
-        bucket.request = request = self.reduction.start(bucket)
+        run = self.reduction.run
+        if blocking and run is not None and bucket.flat.device.type == "cpu":
+            # after backward, on the host: one blocking call each costs less than the
+            # progress engine's hand-off (device buffers keep the pipelined staged path)
+            run(bucket)
+            bucket.request = request = _COMPLETED
+        else:
+            bucket.request = request = self.reduction.start(bucket)
         if self.trace() is not None:
             times = bucket.times
             request.add_done_callback(lambda _: times.__setitem__(3, now_us()))
@@ -394,7 +421,7 @@ class BucketEngine:
         started = []
         for small in self.smalls:
             small.times[0], small.times[1] = first, ready
-            self._start(small)
+            self._start(small, blocking=True)
             started.append(small)
         index, fresh, sparse = self.index, self.fresh, self.sparse
         for p in self.direct:
@@ -412,7 +439,7 @@ class BucketEngine:
             fresh[i] = True
             direct = Bucket(f"grad.{i}", [p], grad.view(-1), [grad])
             direct.times[0], direct.times[1] = first, ready
-            self._start(direct)
+            self._start(direct, blocking=True)
             started.append(direct)
         return started
 

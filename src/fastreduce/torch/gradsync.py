@@ -89,7 +89,7 @@ class GradientSync:
         comm = self.comm
         reduction = Reduction(start=self._start, finish=lambda bucket: None,
                               sum=lambda t: allreduce_(t, "sum", comm=comm),
-                              bcast=lambda obj: comm.bcast(obj, root=0))
+                              bcast=lambda obj: comm.bcast(obj, root=0), run=self._run)
         self._engine = BucketEngine(
             trained, plan_buckets(trained, self.bucket_bytes), reduction, schedule=schedule,
             too_many=lambda: RuntimeError(_SECOND_BACKWARD), trace=lambda: self._trace,
@@ -100,6 +100,10 @@ class GradientSync:
     def _start(self, bucket):
         wire = self.compression if bucket.flat.dtype == torch.float32 else None
         return iallreduce_(bucket.flat, self.op, comm=self.comm, compression=wire)
+
+    def _run(self, bucket) -> None:
+        wire = self.compression if bucket.flat.dtype == torch.float32 else None
+        allreduce_(bucket.flat, self.op, comm=self.comm, compression=wire)
 
     @property
     def bucket_sizes(self) -> list[int]:

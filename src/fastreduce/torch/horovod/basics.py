@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import sys
+
 from mpi4py import MPI
 
 from ... import settings
-from . import handles, timeline, world
+from . import handles, negotiation, timeline, world
 from . import process_sets as _process_sets
 from .world import _the_world
 
@@ -46,20 +49,50 @@ def init(comm=None, process_sets=None) -> None:
         made.free()
         raise
     world.current = made
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(_shutdown_at_exit)
+        sys.excepthook = _noting_crash(sys.excepthook)
+        _exit_registered = True
     path = settings.value("HOROVOD_TIMELINE")
     if path:
         timeline.start_timeline(path, mark_cycles=settings.value("HOROVOD_TIMELINE_MARK_CYCLES"))
 
 
 def shutdown() -> None:
-    """End Horovod: pending operations are completed, process sets and communicators freed."""
+    """End Horovod: pending operations are completed, ranks still in a collective on one of
+    this rank's process sets told (they raise HorovodInternalError), process sets and
+    communicators freed. Collective: it returns once every other rank of each set has
+    shut down too or reached a collective there."""
     if world.current is None:
         return
     handles._finish_all()
     timeline.stop_timeline()
+    for ps in _process_sets._members():
+        negotiation.leave(ps.comm)
     _process_sets._stop()
+    negotiation.forget_gone()
     world.current.free()
     world.current = None
+
+
+_exit_registered = False
+_crashed = False
+
+
+def _noting_crash(previous):
+    def hook(*exc_info):
+        global _crashed
+        _crashed = True
+        previous(*exc_info)
+    return hook
+
+
+def _shutdown_at_exit() -> None:
+    # as Horovod's: at the end of the program; not after an uncaught exception, where
+    # the launcher ends the job (the other ranks may be where no exchange reaches them)
+    if world.current is not None and not _crashed:
+        shutdown()
 
 
 def is_initialized() -> bool:

@@ -3,7 +3,10 @@ coordinator does: one MPI_Allgather of 16 bytes per rank (a status and a digest 
 call's kind, name, dtype, shape, op, factors and root). When every rank sent the same, the
 collective runs; otherwise the full descriptions are exchanged and every rank raises the
 same error naming what differs, or, where ranks have called join(), those ranks learn
-the call and take part in it with empty input.
+the call and take part in it with empty input. A rank that shuts down (hvd.shutdown(), or
+the end of its program) sends its last status: ranks still waiting in a collective on the
+set learn it there and raise, and every later collective on the set raises at once, as
+Horovod's "has been shut down".
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from mpi4py import MPI
 from ... import agreement
 from ...errors import CollectiveMismatch, FastreduceError
 
-ACTIVE, JOINED, REFUSED, BLOCKING = 0, 1, 2, 4  # BLOCKING: ACTIVE, and waits at once
+ACTIVE, JOINED, REFUSED, BLOCKING, SHUTDOWN = 0, 1, 2, 4, 8  # BLOCKING: ACTIVE, waits at once
 _MASK = (1 << 62) - 1
 _digests: dict = {}
 _buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_gone: dict[int, list[int]] = {}  # comm handle -> the ranks of it that have shut down
 
 
 class HorovodInternalError(FastreduceError, RuntimeError):
@@ -68,10 +72,12 @@ def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dic
     Every rank submitted this call (key and name; describe() makes the call's description,
     needed only when they differ); the joined ranks, if any, take part. Raises on every
     rank when the calls differ or a rank passes an `error` (its own, raised there)."""
+    _raise_if_gone(comm)
     status = REFUSED if error is not None else BLOCKING if blocking else ACTIVE
     everyone, alike = _exchange(comm, status, _digest(key, name))
     if alike and status != REFUSED:
         return None, blocking
+    _learn_gone(comm, everyone)
     statuses = everyone[:, 0]
     if ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and \
             (everyone[:, 1] == everyone[0, 1]).all():
@@ -83,8 +89,45 @@ def follow(comm: MPI.Intracomm, first: bool):
     """join()'s side of agree(): ("joined", last rank) once every rank has joined, else
     (fields, joined ranks) of the call the other ranks make (fields {"refused": True,
     "name": their name, or None where it differs}: they refused it or differ, and raise)."""
-    _exchange(comm, JOINED, int(first))
+    _raise_if_gone(comm)
+    everyone, _ = _exchange(comm, JOINED, int(first))
+    _learn_gone(comm, everyone)
     return _slow(comm, JOINED, {"first": first}, None)
+
+
+def leave(comm: MPI.Intracomm) -> None:
+    """shutdown()'s part, collective with the other ranks' next exchange on comm: this
+    rank's last status. Ranks waiting in a collective there raise; ranks shutting down too
+    carry on."""
+    if comm.py2f() not in _gone:
+        _exchange(comm, SHUTDOWN, 0)
+
+
+def forget_gone() -> None:
+    """After shutdown(): the communicators are freed, their handles may come again."""
+    _gone.clear()
+
+
+def _gone_error(comm: MPI.Intracomm, gone: list[int]) -> HorovodInternalError:
+    return HorovodInternalError(
+        f"fastreduce.horovod: {agreement.ranks_text(gone)} of a process set of "
+        f"{comm.Get_size()} shut down (hvd.shutdown() or the end of its program) while this "
+        f"rank submitted a collective on it: no collective can run on that set any more "
+        f"(in Horovod's words, Horovod has been shut down)")
+
+
+def _raise_if_gone(comm: MPI.Intracomm) -> None:
+    gone = _gone.get(comm.py2f())
+    if gone:
+        raise _gone_error(comm, gone)
+
+
+def _learn_gone(comm: MPI.Intracomm, everyone: np.ndarray) -> None:
+    """Raise (every rank that took part, alike) where a rank sent its shutdown status."""
+    gone = np.flatnonzero(everyone[:, 0] == SHUTDOWN).tolist()
+    if gone:
+        _gone[comm.py2f()] = gone
+        raise _gone_error(comm, gone)
 
 
 def _slow(comm: MPI.Intracomm, status: int, fields: dict, error):
@@ -110,8 +153,11 @@ def _slow(comm: MPI.Intracomm, status: int, fields: dict, error):
         f"rank runs it ({listing})"))
     found = agreement.differences(descriptions, [r for r, _ in active])
     if found is not None:
+        call = descriptions[0].get("call")
+        what = "different collectives" if call is None or "call" in found.fields else \
+            f"{call} differently"
         raise HorovodMismatch(
             f"fastreduce.horovod: the ranks of a process set of {comm.Get_size()} submitted "
-            f"different collectives ({found.text()}); every rank must submit the same "
+            f"{what} ({found.text()}); every rank must submit the same "
             f"collectives, with the same names, dtypes, shapes and ops, in the same order")
     return joined

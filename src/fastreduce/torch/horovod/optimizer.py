@@ -33,7 +33,7 @@ import warnings
 
 import torch
 
-from ... import checks, settings
+from ... import settings
 from ...backend import engine as _engine
 from ..buckets import BucketEngine, Reduction, plan_buckets, schedule_setting
 from . import timeline
@@ -49,7 +49,7 @@ from .ops import (
     _bucket_start,
     sparse_allreduce_async,
 )
-from .process_sets import global_process_set
+from .process_sets import global_process_set, negotiate
 
 __all__ = ["DistributedOptimizer"]
 
@@ -148,7 +148,7 @@ class _DistributedOptimizer:
         # every rank of the set, one without trained parameters too).
         layout = repr([(self._parameter_names[p], tuple(p.shape), str(p.dtype))
                        for p in trained]).encode()
-        checks.agree(process_set.comm, "hvd.DistributedOptimizer",
+        negotiate(process_set.comm, "hvd.DistributedOptimizer",
                      {"parameters": f"{len(trained)} tensors "
                                     f"({hashlib.blake2b(layout, digest_size=8).hexdigest()})",
                       "groups": groups if not isinstance(groups, list) else
