@@ -35,6 +35,7 @@ import mpirun  # noqa: E402  (after the path above)
 # the network). `--nodes 2 --ranks 3` gives nodes of 2 and 1 ranks.
 ACROSS_NODES = {2: (4,), 3: (3,)}
 SESSION_GUARD = 3600.0  # seconds; each case has its own, shorter timeout
+LAUNCH_FAILURE_SECONDS = 10.0  # a job that ends sooner without a pytest report did not start
 
 
 def with_paths(pytest_args: list[str]) -> list[str]:
@@ -97,11 +98,19 @@ def main() -> int:
             command = [sys.executable, "-m", "pytest", "--profile", profile,
                        "-p", "no:cacheprovider", *pytest_args]
             report = Path(tempfile.mkdtemp()) / "report.json"
-            start = time.monotonic()
-            rc = mpirun.stream_mpi(ranks, command, env={**env, "FASTREDUCE_SESSION_REPORT":
-                                                          str(report)},
-                                   cwd=ROOT, timeout=SESSION_GUARD)
-            seconds = time.monotonic() - start
+            for attempt in (1, 2):
+                start = time.monotonic()
+                rc = mpirun.stream_mpi(ranks, command, env={
+                    **env, "FASTREDUCE_SESSION_REPORT": str(report)}, cwd=ROOT,
+                    timeout=SESSION_GUARD)
+                seconds = time.monotonic() - start
+                # a launcher that fails to start (Open MPI's PMIx listener, now and then
+                # on a loaded machine) ends the job at once: start it once more
+                if report.exists() or seconds > LAUNCH_FAILURE_SECONDS or attempt == 2:
+                    break
+                print(f"=== {ranks} rank(s), profile {profile}: the job ended after "
+                      f"{seconds:.1f} s without starting pytest; starting it again ===",
+                      flush=True)
             if not report.exists():  # the job never ran pytest to its end
                 print(f"=== {ranks} rank(s), profile {profile}: no pytest session finished "
                       f"(the job did not start, or a rank died) ===", flush=True)
