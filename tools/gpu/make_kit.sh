@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make .venv-gpukit/ (ignored by git, a few MiB) for a lent GPU machine, whose image has
 # torch with CUDA (/opt/torch/.venv, Python 3.12) and the system Open MPI but no network:
-# the build tools and pytest as wheels, mpi4py for Python 3.12, and the two scripts here.
+# the build tools and pytest as wheels, mpi4py for Python 3.12, and the scripts here.
 # Then, with the device tool: carry [".venv-gpukit"] and run `bash .venv-gpukit/check.sh`
 # (builds fastreduce there in about 20 s, runs tests/mpi/test_gpu.py on 2 and 4 ranks and
 # tests/launch/test_gpu_bench.py; logs in $OUT); `bash .venv-gpukit/train.sh` times the
