@@ -97,13 +97,14 @@ class GradientSync:
         if broadcast_parameters:
             self.sync_parameters()
 
+    def _wire(self, bucket) -> str | None:
+        return self.compression if bucket.flat.dtype == torch.float32 else None
+
     def _start(self, bucket):
-        wire = self.compression if bucket.flat.dtype == torch.float32 else None
-        return iallreduce_(bucket.flat, self.op, comm=self.comm, compression=wire)
+        return iallreduce_(bucket.flat, self.op, comm=self.comm, compression=self._wire(bucket))
 
     def _run(self, bucket) -> None:
-        wire = self.compression if bucket.flat.dtype == torch.float32 else None
-        allreduce_(bucket.flat, self.op, comm=self.comm, compression=wire)
+        allreduce_(bucket.flat, self.op, comm=self.comm, compression=self._wire(bucket))
 
     @property
     def bucket_sizes(self) -> list[int]:

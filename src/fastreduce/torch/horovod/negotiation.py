@@ -85,6 +85,21 @@ def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dic
     return _slow(comm, status, describe(), error), False
 
 
+def agree_call(comm: MPI.Intracomm, call: str, fields: dict,
+               error: BaseException | None = None) -> None:
+    """agree() for a call that is not a collective (adding or removing a process set,
+    making a DistributedOptimizer): on the same exchange, so that a rank still in a
+    collective there meets it as a HorovodMismatch on every rank rather than as an MPI
+    deadlock. While a rank has joined, the active ranks raise HorovodInternalError (the
+    joined ones wait on in join())."""
+    key = (call, *(repr(v) for v in fields.values()))
+    joined, _ = agree(comm, key, call, lambda: {"call": call, "name": call, **fields}, error)
+    if joined:
+        raise HorovodInternalError(
+            f"fastreduce.horovod: ranks {joined} have joined (hvd.join()); {call} waits until "
+            f"every rank has left join()")
+
+
 def follow(comm: MPI.Intracomm, first: bool):
     """join()'s side of agree(): ("joined", last rank) once every rank has joined, else
     (fields, joined ranks) of the call the other ranks make (fields {"refused": True,

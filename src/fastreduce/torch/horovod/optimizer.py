@@ -39,6 +39,7 @@ from ..buckets import BucketEngine, Reduction, plan_buckets, schedule_setting
 from . import timeline
 from .basics import size
 from .compression import Compression, FP16Compressor, NoneCompressor
+from .negotiation import agree_call
 from .ops import (
     Adasum,
     Average,
@@ -49,7 +50,7 @@ from .ops import (
     _bucket_start,
     sparse_allreduce_async,
 )
-from .process_sets import global_process_set, negotiate
+from .process_sets import global_process_set
 
 __all__ = ["DistributedOptimizer"]
 
@@ -148,7 +149,7 @@ class _DistributedOptimizer:
         # every rank of the set, one without trained parameters too).
         layout = repr([(self._parameter_names[p], tuple(p.shape), str(p.dtype))
                        for p in trained]).encode()
-        negotiate(process_set.comm, "hvd.DistributedOptimizer",
+        agree_call(process_set.comm, "hvd.DistributedOptimizer",
                      {"parameters": f"{len(trained)} tensors "
                                     f"({hashlib.blake2b(layout, digest_size=8).hexdigest()})",
                       "groups": groups if not isinstance(groups, list) else

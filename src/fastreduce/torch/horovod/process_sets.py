@@ -6,7 +6,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from ... import checks, settings
-from . import negotiation
+from .negotiation import agree_call
 from .world import _the_world
 
 
@@ -96,21 +96,6 @@ def _stop() -> None:
     global_process_set.ranks = []
 
 
-def negotiate(comm: MPI.Intracomm, call: str, fields: dict,
-              error: BaseException | None = None) -> None:
-    """Agree on a call over a process set's communicator through the collectives'
-    negotiation (not a separate exchange), so that a rank still in a collective there meets
-    it as a HorovodMismatch on every rank rather than as an MPI deadlock. While a rank has
-    joined, the active ranks raise HorovodInternalError (the joined ones wait on in join())."""
-    key = (call, *(repr(v) for v in fields.values()))
-    joined, _ = negotiation.agree(comm, key, call, lambda: {"call": call, "name": call, **fields},
-                                  error)
-    if joined:
-        raise negotiation.HorovodInternalError(
-            f"fastreduce.horovod: ranks {joined} have joined (hvd.join()); {call} waits until "
-            f"every rank has left join()")
-
-
 def _register(ps, world: MPI.Intracomm) -> ProcessSet:
     """Collective over the world: agree on the set's ranks, make its communicator."""
     global _next_id
@@ -118,7 +103,7 @@ def _register(ps, world: MPI.Intracomm) -> ProcessSet:
         ps = ProcessSet(ps)
     error = None
     if ps._given_comm is not None:
-        negotiate(world, "hvd.add_process_set", {"from": "a communicator"})
+        agree_call(world, "hvd.add_process_set", {"from": "a communicator"})
         mine = world.Get_rank() if ps._given_comm != MPI.COMM_NULL else -1
         members = [r for r in world.allgather(mine) if r >= 0]
         ps.ranks = members
@@ -132,7 +117,7 @@ def _register(ps, world: MPI.Intracomm) -> ProcessSet:
     elif any(other.ranks == ranks for other in _sets.values()):
         error = ValueError(f"fastreduce.horovod: a process set of ranks {ranks} exists "
                            f"already; use that one")
-    negotiate(world, "hvd.add_process_set", {"ranks": ranks}, error)
+    agree_call(world, "hvd.add_process_set", {"ranks": ranks}, error)
     me = world.Get_rank()
     comm = world.Split(0 if me in ranks else MPI.UNDEFINED, key=me)
     ps.comm = None if comm == MPI.COMM_NULL else comm
@@ -163,7 +148,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if process_set is global_process_set:
         raise ValueError("fastreduce.horovod: the global process set cannot be removed")
     known = process_set.process_set_id in _sets
-    negotiate(world, "hvd.remove_process_set", {"process set": process_set.process_set_id})
+    agree_call(world, "hvd.remove_process_set", {"process set": process_set.process_set_id})
     if not known:
         return False
     del _sets[process_set.process_set_id]
