@@ -403,6 +403,86 @@ def test_grouped_allreduce_grad(checks):
                  torch.allclose(xs[1].grad, 2 * sum(w)[:2]), "grouped_allreduce grad")
 
 
+# --- matching by name ----------------------------------------------------------------------
+
+def _named_call(n: str, i: int):
+    """Submit request n (kind by i) of this rank's input; (handle, the expected result)."""
+    x = make(rank, (2 * size, 3), torch.float64, 20 + i)
+    xs = list(everyone((2 * size, 3), torch.float64, 20 + i))
+    if i % 3 == 0:
+        return hvd.allreduce_async(x, op=hvd.Sum, name=n), sum(xs)
+    if i % 3 == 1:
+        return hvd.allgather_async(x, name=n), torch.cat(xs)
+    return hvd.broadcast_async(x, size - 1, name=n), xs[size - 1]
+
+
+@MORE_THAN_ONE
+def test_named_requests_in_different_orders_complete(checks):
+    """The ranks submit the same named requests each in its own order (rotated by rank, the
+    last rank's reversed) and synchronize them in yet another: each one runs, right, on
+    every rank (Horovod matches requests by name, not by order)."""
+    names = [f"order.{i}" for i in range(6)]
+    mine = names[::-1] if rank == size - 1 else names[rank:] + names[:rank]
+    submitted = {n: _named_call(n, int(n.split(".")[1])) for n in mine}
+    for n in sorted(submitted, reverse=True):
+        handle, want = submitted[n]
+        got = hvd.synchronize(handle)
+        checks.check(torch.equal(got, want), f"{n} gave {got}")
+    checks.check(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size, size], "after")
+
+
+@MORE_THAN_ONE
+def test_a_request_waits_for_the_others_while_they_run_other_calls(checks):
+    """Rank 0 submits 'late' first; the others submit it only after a blocking allreduce
+    and a barrier, which run meanwhile on every rank. Until then rank 0's handle is not
+    done (poll() False); then it completes."""
+    x = make(rank, (5,), torch.float64, 30)
+    if rank == 0:
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="late")
+        checks.check(not hvd.poll(handle), "poll() True before the others submitted 'late'")
+    first = hvd.allreduce(x, op=hvd.Max, name="first")
+    hvd.barrier()
+    if rank:
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="late")
+    xs = everyone((5,), torch.float64, 30)
+    checks.check(torch.equal(first, xs.max(0).values), "the allreduce run in between")
+    checks.check(torch.equal(hvd.synchronize(handle), xs.sum(0)), "'late'")
+
+
+@MORE_THAN_ONE
+def test_a_duplicate_name_is_refused_on_its_rank_only(checks):
+    """A second request of a name in flight raises ValueError at once on the rank that
+    submits it (as Horovod's test_horovod_allreduce_duplicate_name_error has it); the
+    other ranks are not told, and the first request completes."""
+    x = torch.ones(3)
+    duplicate = lambda: hvd.allgather_async(x, name="twice")  # noqa: E731
+    if rank == 0:
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="twice")
+        checks.expect(ValueError, ["'twice'", "in flight"], duplicate)
+    hvd.barrier()
+    if rank:
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="twice")
+        checks.expect(ValueError, ["'twice'", "in flight"], duplicate)
+    hvd.barrier()
+    checks.check(hvd.synchronize(handle).tolist() == [size] * 3, "the first 'twice'")
+
+
+@MORE_THAN_ONE
+def test_a_refusal_fails_another_ranks_pending_request(checks):
+    """Rank 0 submits 'r' and waits; the others refuse their 'r' (an op that is none):
+    they raise ValueError, rank 0's synchronize() HorovodMismatch naming them, and its
+    handle is gone."""
+    if rank == 0:
+        handle = hvd.allreduce_async(torch.ones(2), name="r")
+        checks.expect(hvd.HorovodMismatch, ["rank 1", "refused", "'r'"],
+                      lambda: hvd.synchronize(handle))
+        checks.expect(ValueError, ["not pending"], lambda: hvd.poll(handle))
+    else:
+        checks.expect(ValueError, ["op 17"], lambda: hvd.allreduce_async(torch.ones(2),
+                                                                          name="r", op=17))
+    checks.check(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size, size], "after")
+
+
 # --- process sets, join, timeline (dynamic process sets) -----------------------------------
 @MORE_THAN_ONE
 def test_process_sets(checks, dynamic_sets):

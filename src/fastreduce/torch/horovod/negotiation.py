@@ -1,12 +1,21 @@
-"""Before every collective the ranks of its process set agree on it, as Horovod's
-coordinator does: one MPI_Allgather of 16 bytes per rank (a status and a digest of the
-call's kind, name, dtype, shape, op, factors and root). When every rank sent the same, the
-collective runs; otherwise the full descriptions are exchanged and every rank raises the
-same error naming what differs, or, where ranks have called join(), those ranks learn
-the call and take part in it with empty input. A rank that shuts down (hvd.shutdown(), or
-the end of its program) sends its last status: ranks still waiting in a collective on the
-set learn it there and raise, and every later collective on the set raises at once, as
-Horovod's "has been shut down".
+"""The ranks of a process set match their collectives by name, as Horovod's coordinator
+does. Every collective a rank submits is a pending Request in the set's queue; a *round*
+(collective over the set's communicator) tells every rank what the others have pending,
+and the requests pending on every rank run, in the first rank's submission order, on every
+rank alike. Ranks may so submit named requests in different orders.
+
+A rank takes part in a round at each submission and, while it waits for a request
+(a blocking call, synchronize(), join()), in one round after another. The fast path is one
+MPI_Allgather of 16 bytes per rank (a status and a digest of the call's kind, name, dtype,
+shape, op, factors and root): where every rank submitted the same one request, it runs.
+Otherwise the ranks' lists of pending (name, digest) are exchanged: a name whose
+descriptions differ raises on every rank with the differences; a rank's refusal of its
+arguments raises there, and a HorovodMismatch on the ranks that submit that name; ranks
+that have called join() take part in the others' reductions with zeros; where every rank
+waits and nothing can run, each rank's wait raises rather than hang. A rank that shuts
+down (hvd.shutdown(), or the end of its program) sends its last status: ranks still in a
+round on the set learn it there and raise, and every later collective on the set raises
+at once, as Horovod's "has been shut down".
 """
 
 from __future__ import annotations
@@ -21,11 +30,15 @@ from mpi4py import MPI
 from ... import agreement
 from ...errors import CollectiveMismatch, FastreduceError
 
-ACTIVE, JOINED, REFUSED, BLOCKING, SHUTDOWN = 0, 1, 2, 4, 8  # BLOCKING: ACTIVE, waits at once
+# a round's status; LISTED: the rank's pending list differs from "one new request"
+ACTIVE, JOINED, REFUSED, BLOCKING, SHUTDOWN, LISTED = 0, 1, 2, 4, 8, 16
 _MASK = (1 << 62) - 1
 _digests: dict = {}
 _buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 _gone: dict[int, list[int]] = {}  # comm handle -> the ranks of it that have shut down
+_queues: dict[int, dict[str, Request]] = {}  # comm handle -> name -> pending, in order
+_refused: dict[int, dict[str, str]] = {}  # comm handle -> name -> another rank's refusal
+_rounds = [0]  # the rounds this rank has taken part in, on any set
 
 
 class HorovodInternalError(FastreduceError, RuntimeError):
@@ -38,8 +51,38 @@ class HorovodArgumentError(FastreduceError, ValueError, RuntimeError):
 
 
 class HorovodMismatch(CollectiveMismatch, HorovodInternalError):
-    """The ranks of a process set submitted different collectives (name, dtype, shape, op,
-    root...) or a rank refused its arguments: raised on every rank of the set."""
+    """The ranks of a process set submitted different collectives under one name (dtype,
+    shape, op, root...), a rank refused its arguments, or every rank waits for a request
+    the others never submitted: raised on every rank concerned."""
+
+
+class Request:
+    """A collective this rank submitted: pending until a round runs it on every rank.
+    `launch(everyone_blocking)` starts it (everyone_blocking: every rank waits for it at
+    once, so it may run blocking); its return value is `result`."""
+
+    __slots__ = ("name", "digest", "describe", "launch", "done", "at_once", "result", "error",
+                 "callbacks")
+
+    def __init__(self, name: str, digest: int, describe: Callable[[], dict],
+                 launch: Callable[[bool], object]):
+        self.name, self.digest, self.describe, self.launch = name, digest, describe, launch
+        self.done = False        # launched, or failed
+        self.at_once = False     # launched blocking: result is the call's result
+        self.result = None
+        self.error: BaseException | None = None
+        self.callbacks: list[Callable[[Request], object]] = []
+
+    def _finish(self, error: BaseException | None = None, everyone_blocking: bool = False):
+        if error is None:
+            self.at_once = everyone_blocking
+            try:
+                self.result = self.launch(everyone_blocking)
+            except Exception as exc:  # noqa: BLE001  (raised by the request's waiter)
+                error = exc
+        self.error, self.done = error, True
+        for fn in self.callbacks:
+            fn(self)
 
 
 def _digest(key: tuple, name: str) -> int:
@@ -66,54 +109,77 @@ def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray,
     return recv.reshape(size, 2), recv.tobytes() == send.tobytes() * size
 
 
-def agree(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dict],
-          error: BaseException | None = None, blocking: bool = False):
-    """Collective over the set's comm: (joined ranks, whether every rank waits at once).
-    Every rank submitted this call (key and name; describe() makes the call's description,
-    needed only when they differ); the joined ranks, if any, take part. Raises on every
-    rank when the calls differ or a rank passes an `error` (its own, raised there)."""
+def rounds() -> int:
+    """How many rounds this rank has taken part in (on any process set)."""
+    return _rounds[0]
+
+
+def in_flight_error(call: str, name: str) -> ValueError:
+    """A second request of a name in flight: this rank's own mistake, as in Horovod, raised
+    there at once (the other ranks are not told)."""
+    return ValueError(f"fastreduce.horovod: a {call} named {name!r} is in flight already; "
+                      f"synchronize it first or give another name")
+
+
+def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dict],
+           launch: Callable[[bool], object], error: BaseException | None = None,
+           blocking: bool = False) -> Request:
+    """Submit a collective (key: its description but the name; describe(): the full
+    description, needed only where ranks differ or have joined) and take part in a round;
+    blocking, in rounds until it has run. Its Request (launched, pending, or failed: its
+    error raised by whoever waits for it). Raises `error` (this rank's refusal of its
+    arguments) after telling the other ranks, and, blocking, the request's own error."""
     _raise_if_gone(comm)
-    status = REFUSED if error is not None else BLOCKING if blocking else ACTIVE
-    everyone, alike = _exchange(comm, status, _digest(key, name))
-    if alike and status != REFUSED:
-        return None, blocking
-    _learn_gone(comm, everyone)
-    statuses = everyone[:, 0]
-    if ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and \
-            (everyone[:, 1] == everyone[0, 1]).all():
-        return None, False  # some wait at once, some later: all take the non-blocking path
-    return _slow(comm, status, describe(), error), False
+    handle = comm.py2f()
+    queue = _queues.setdefault(handle, {})
+    if error is not None:
+        _round(comm, queue, None, None, (name, agreement.refusal(error)))
+        raise error
+    if name in queue:
+        raise in_flight_error(key[0], name)
+    refusal = _refused.get(handle, {}).pop(name, None)
+    if refusal is not None:  # another rank refused it already and will not submit it again
+        raise HorovodMismatch(refusal)
+    request = Request(name, _digest(key, name), describe, launch)
+    queue[name] = request
+    _round(comm, queue, request, request if blocking else None)
+    if blocking:
+        wait(comm, request)
+    return request  # not blocking, its waiter raises its error (an asynchronous call's handle)
+
+
+def wait(comm: MPI.Intracomm, request: Request) -> None:
+    """Take part in rounds until `request` has run (or failed: its error raised)."""
+    queue = _queues.setdefault(comm.py2f(), {})
+    while not request.done:
+        _raise_if_gone(comm)
+        _round(comm, queue, None, request)
+    if request.error is not None:
+        raise request.error
 
 
 def agree_call(comm: MPI.Intracomm, call: str, fields: dict,
                error: BaseException | None = None) -> None:
-    """agree() for a call that is not a collective (adding or removing a process set,
-    making a DistributedOptimizer): on the same exchange, so that a rank still in a
-    collective there meets it as a HorovodMismatch on every rank rather than as an MPI
-    deadlock. While a rank has joined, the active ranks raise HorovodInternalError (the
-    joined ones wait on in join())."""
+    """A call that is not a collective (adding or removing a process set, making a
+    DistributedOptimizer) submitted as one, blocking: so that a rank still in a collective
+    there meets it in the rounds rather than in MPI. While a rank has joined, the active
+    ranks raise HorovodInternalError (the joined ones wait on in join())."""
     key = (call, *(repr(v) for v in fields.values()))
-    joined, _ = agree(comm, key, call, lambda: {"call": call, "name": call, **fields}, error)
-    if joined:
-        raise HorovodInternalError(
-            f"fastreduce.horovod: ranks {joined} have joined (hvd.join()); {call} waits until "
-            f"every rank has left join()")
+    submit(comm, key, call, lambda: {"call": call, "name": call, **fields}, lambda _: None,
+           error, blocking=True)
 
 
 def follow(comm: MPI.Intracomm, first: bool):
-    """join()'s side of agree(): ("joined", last rank) once every rank has joined, else
-    (fields, joined ranks) of the call the other ranks make (fields {"refused": True,
-    "name": their name, or None where it differs}: they refused it or differ, and raise)."""
+    """join()'s round: ("joined", the last rank to join) once every rank has joined; else
+    (descriptions of the calls this rank takes part in, with zeros, in order; the names
+    the active ranks used up, their unnamed numbering to follow)."""
     _raise_if_gone(comm)
-    everyone, _ = _exchange(comm, JOINED, int(first))
-    _learn_gone(comm, everyone)
-    return _slow(comm, JOINED, {"first": first}, None)
+    return _round(comm, _queues.setdefault(comm.py2f(), {}), None, None, None, first)
 
 
 def leave(comm: MPI.Intracomm) -> None:
-    """shutdown()'s part, collective with the other ranks' next exchange on comm: this
-    rank's last status. Ranks waiting in a collective there raise; ranks shutting down too
-    carry on."""
+    """shutdown()'s part, collective with the other ranks' next round on comm: this rank's
+    last status. Ranks waiting in a round there raise; ranks shutting down too carry on."""
     if comm.py2f() not in _gone:
         _exchange(comm, SHUTDOWN, 0)
 
@@ -121,6 +187,8 @@ def leave(comm: MPI.Intracomm) -> None:
 def forget_gone() -> None:
     """After shutdown(): the communicators are freed, their handles may come again."""
     _gone.clear()
+    _queues.clear()
+    _refused.clear()
 
 
 def _gone_error(comm: MPI.Intracomm, gone: list[int]) -> HorovodInternalError:
@@ -137,42 +205,143 @@ def _raise_if_gone(comm: MPI.Intracomm) -> None:
         raise _gone_error(comm, gone)
 
 
-def _learn_gone(comm: MPI.Intracomm, everyone: np.ndarray) -> None:
+def _learn_gone(comm: MPI.Intracomm, statuses: np.ndarray) -> None:
     """Raise (every rank that took part, alike) where a rank sent its shutdown status."""
-    gone = np.flatnonzero(everyone[:, 0] == SHUTDOWN).tolist()
+    gone = np.flatnonzero(statuses == SHUTDOWN).tolist()
     if gone:
         _gone[comm.py2f()] = gone
         raise _gone_error(comm, gone)
 
 
-def _slow(comm: MPI.Intracomm, status: int, fields: dict, error):
-    """The slow path: every rank's full description (a vote of fastreduce.agreement, the
-    status its extra), then every active rank raises alike, or learns which ranks joined.
-    A joined rank never raises for the active ranks' call: it learns that they refused it
-    or differ, and waits on in join()."""
-    everyone = comm.allgather(agreement.vote(fields, error, status))
-    joined = [r for r, (_, _, s) in enumerate(everyone) if s == JOINED]
-    active = [(r, f) for r, (f, _, s) in enumerate(everyone) if s != JOINED]
-    descriptions = [f for _, f in active]
-    if status == JOINED:
-        if not active:
-            firsts = [r for r, (f, _, _) in enumerate(everyone) if f["first"]]
-            return "joined", max(firsts) if firsts else comm.Get_size() - 1
-        refused = any(text is not None for _, text, _ in everyone)
-        if refused or agreement.differences(descriptions) is not None:
-            names = {f.get("name") for f in descriptions}
-            return {"refused": True, "name": names.pop() if len(names) == 1 else None}, joined
-        return descriptions[0], joined
-    agreement.raise_refusals(everyone, error, lambda ranks, listing: HorovodMismatch(
-        f"fastreduce.horovod: {agreement.ranks_text(ranks)} refused the collective, so no "
-        f"rank runs it ({listing})"))
-    found = agreement.differences(descriptions, [r for r, _ in active])
-    if found is not None:
-        call = descriptions[0].get("call")
-        what = "different collectives" if call is None or "call" in found.fields else \
+def join_refusal(fields: dict, joined: list) -> HorovodInternalError | None:
+    """What the active ranks raise for a call that ranks which have joined cannot take part
+    in, as Horovod: only reductions (hvd.Average and hvd.Sum: the joined give zeros) and
+    barriers can run then. The joined ranks stay in join()."""
+    call, why = fields["call"], None
+    if call == "bucket":
+        if fields["op"] not in ("avg", "sum"):
+            why = "DistributedOptimizer's reductions with hvd.Average or hvd.Sum"
+    elif call in ("allreduce", "grouped_allreduce"):
+        if fields["op"] not in ("Average", "Sum"):
+            why = f"an allreduce with hvd.Average or hvd.Sum only, not {fields['op']}"
+    elif call != "barrier":
+        why = f"allreduce (hvd.Average, hvd.Sum) and barrier only, not {call}"
+    if why is None:
+        return None
+    return HorovodInternalError(f"fastreduce.horovod: ranks {joined} have joined (hvd.join()); "
+                                f"they take part in {why}: {fields['name']!r} is refused")
+
+
+def _round(comm: MPI.Intracomm, queue: dict, fresh: Request | None,
+           waiting: Request | None, refusal: tuple | None = None, first: bool | None = None):
+    """One round (collective over comm): runs or fails the requests it settles. `fresh`:
+    the request just submitted; `waiting`: the one this rank waits for; `refusal`: (name,
+    why) this rank refuses; `first` (join() only: whether this is its first round). For
+    join(), follow()'s result."""
+    _rounds[0] += 1
+    joining = first is not None
+    if joining:
+        status, value = JOINED, int(first)
+    elif refusal is not None:
+        status, value = REFUSED, 0
+    elif fresh is not None and len(queue) == 1:
+        status, value = (BLOCKING if waiting is fresh else ACTIVE), fresh.digest
+    else:
+        status, value = LISTED, 0
+    everyone, alike = _exchange(comm, status, value)
+    statuses = everyone[:, 0]
+    if alike and status in (ACTIVE, BLOCKING):
+        del queue[fresh.name]
+        fresh._finish(None, status == BLOCKING)
+        return None
+    _learn_gone(comm, statuses)
+    if (statuses == JOINED).all():
+        firsts = np.flatnonzero(everyone[:, 1]).tolist()
+        return "joined", max(firsts) if firsts else comm.Get_size() - 1
+    if status in (ACTIVE, BLOCKING) and ((statuses == ACTIVE) | (statuses == BLOCKING)).all() \
+            and (everyone[:, 1] == value).all():
+        del queue[fresh.name]  # some wait at once, some later: all take the non-blocking path
+        fresh._finish()
+        return None
+    return _settle(comm, queue, waiting, refusal, joining)
+
+
+def _settle(comm: MPI.Intracomm, queue: dict, waiting: Request | None,
+            refusal: tuple | None, joining: bool):
+    """A round's slow path: every rank's pending list, then the same decisions on every
+    rank (the requests to run, in the first active rank's order; the names that differ,
+    were refused, or can never run)."""
+    me = comm.Get_rank()
+    record = (joining, None if waiting is None else waiting.name,
+              [(n, r.digest) for n, r in queue.items()], refusal)
+    everyone = comm.allgather(record)
+    joined = [r for r, (j, _, _, _) in enumerate(everyone) if j]
+    active = [r for r, (j, _, _, _) in enumerate(everyone) if not j]
+    refused: dict[str, str] = {}
+    for r, (_, _, _, why) in enumerate(everyone):
+        if why is not None:
+            refused.setdefault(why[0], f"fastreduce.horovod: {agreement.ranks_text([r])} "
+                               f"refused the collective {why[0]!r}, so no rank runs it "
+                               f"({why[1]})")
+    for name, text in refused.items():
+        if joining:
+            continue
+        request = queue.pop(name, None)
+        if request is not None:
+            request._finish(HorovodMismatch(text))
+        elif refusal is None or refusal[0] != name:
+            kept = _refused.setdefault(comm.py2f(), {})
+            if len(kept) > 4096:
+                kept.clear()
+            kept[name] = text
+    lists = [dict(everyone[r][2]) for r in active]
+    common = [n for n in lists[0] if n not in refused and all(n in lst for lst in lists[1:])]
+    differ = [n for n in common if any(lst[n] != lists[0][n] for lst in lists[1:])]
+    runnable = [n for n in common if n not in differ]
+    described: list[dict] = []
+    if differ or (joined and runnable):
+        wanted = differ + (runnable if joined else [])
+        described = comm.allgather({} if joining else {n: queue[n].describe() for n in wanted})
+    failed = False
+    for name in differ:
+        failed = True
+        found = agreement.differences([described[r][name] for r in active], active)
+        call = described[active[0]][name].get("call")
+        what = "different collectives" if found is None or "call" in found.fields else \
             f"{call} differently"
-        raise HorovodMismatch(
+        error = HorovodMismatch(
             f"fastreduce.horovod: the ranks of a process set of {comm.Get_size()} submitted "
-            f"{what} ({found.text()}); every rank must submit the same "
-            f"collectives, with the same names, dtypes, shapes and ops, in the same order")
-    return joined
+            f"{what} under the name {name!r} ({found.text() if found else ''}); every rank "
+            f"must submit the same collective, with the same dtype, shape and op, under one "
+            f"name")
+        if not joining:
+            queue.pop(name)._finish(error)
+    take_part = []
+    for name in runnable:
+        if joined:
+            fields = described[active[0]][name]
+            error = join_refusal(fields, joined)
+            if joining:
+                if error is None:
+                    take_part.append(fields)
+                continue
+            if error is not None:
+                failed = True
+                queue.pop(name)._finish(error)
+                continue
+        queue.pop(name)._finish()
+    if not (runnable or failed or refused) and all(w is not None for j, w, _, _ in everyone
+                                                 if not j):
+        # every active rank waits for a request that some rank has not submitted: none
+        # of them can ever run
+        listing = "; ".join(f"rank {r} waits for {everyone[r][1]!r} (pending: "
+                            f"{', '.join(repr(n) for n, _ in everyone[r][2])})" for r in active)
+        if waiting is not None and me in active:
+            queue.pop(waiting.name, None)
+            waiting._finish(HorovodMismatch(
+                f"fastreduce.horovod: every rank of a process set of {comm.Get_size()} waits "
+                f"for a call (collective) that another rank has not submitted, so none can "
+                f"run ({listing}); every rank must submit the same calls, matched by name"))
+    if joining:
+        return take_part, runnable + differ + list(refused)
+    return None

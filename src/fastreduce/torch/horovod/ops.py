@@ -1,12 +1,14 @@
 """Horovod's collectives on torch tensors over MPI: allreduce (fastreduce's core, on the
 progress engine when asynchronous), allgather, broadcast, alltoall, reducescatter (mpi4py
 on the tensors' memory), grouped forms, barrier, join and sparse allreduce; each preceded
-by the ranks' agreement (negotiation.py) and differentiable as Horovod defines it.
+submitted to the ranks' matching by name (negotiation.py), which runs it once every rank
+has submitted it; differentiable as Horovod defines it.
 
-Asynchronous forms return an int handle for poll()/synchronize() and run in the
-background once agreed: an allreduce on the progress engine's thread or as MPI's own
-non-blocking call, the other collectives on the engine's thread (on its duplicate of the
-set's communicator). With the engine off they run when submitted, their handle complete.
+Asynchronous forms return an int handle for poll()/synchronize() at once and run in the
+background once every rank has submitted them: an allreduce on the progress engine's
+thread or as MPI's own non-blocking call, the other collectives on the engine's thread (on
+its duplicate of the set's communicator). With the engine off they run when every rank has
+submitted them, their handle then complete.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ...backend import engine as _engine
 from ..dense import check_dense
 from . import handles, negotiation, timeline, world
 from .compression import Compression
-from .negotiation import HorovodArgumentError, HorovodInternalError, HorovodMismatch
+from .negotiation import HorovodArgumentError, HorovodMismatch
 from .process_sets import ProcessSet, _comm_of, global_process_set
 
 __all__ = [
@@ -106,10 +108,13 @@ def _set_comm(process_set: ProcessSet, what: str) -> MPI.Intracomm:
     return _comm_of(process_set, f"hvd.{what}")
 
 
-def _agree(comm, key_of, names: tuple, name: str, validate, blocking: bool = False):
+def _submit(comm, key_of, names: tuple, name: str, validate, launch, blocking: bool = False):
     """Validate locally and make the call's key (key_of(): its kind, then the values of the
     fields `names`): an exception there is raised on this rank and a HorovodMismatch on the
-    others. Then agree on the call: (joined ranks, whether every rank waits at once)."""
+    ranks that submit the same name. Then submit the call to the ranks' matching by name
+    (negotiation.py): blocking, its result once it has run; else a handle at once.
+    launch(everyone_blocking) starts it once every rank has submitted it: its result where
+    every rank waits for it at once, else a handle."""
     error, key = None, ("invalid",)
     try:
         validate()
@@ -117,37 +122,23 @@ def _agree(comm, key_of, names: tuple, name: str, validate, blocking: bool = Fal
     except (TypeError, ValueError, BufferError, AttributeError) as exc:
         error, names = exc, ()
     if error is None and handles.in_flight((id(comm), name)):
-        error = ValueError(f"fastreduce.horovod: a {key[0]} named {name!r} is in flight "
-                           f"already; synchronize it first or give another name")
+        raise negotiation.in_flight_error(key[0], name)
 
     def describe() -> dict:
         return {"call": key[0], "name": name, **dict(zip(names, key[1:], strict=True))}
 
-    joined, everyone_blocking = negotiation.agree(comm, key, name, describe, error, blocking)
-    if joined:
-        refusal = _join_refusal(describe(), joined)
-        if refusal is not None:
-            raise refusal
-    return joined, everyone_blocking
-
-
-def _join_refusal(fields: dict, joined: list) -> HorovodInternalError | None:
-    """What the active ranks raise for a call that ranks which have joined cannot take part
-    in, as Horovod: only reductions (hvd.Average and hvd.Sum: the joined give zeros) and
-    barriers can run then. The joined ranks stay in join()."""
-    call, why = fields["call"], None
-    if call == "bucket":
-        if fields["op"] not in ("avg", "sum"):
-            why = "DistributedOptimizer's reductions with hvd.Average or hvd.Sum"
-    elif call in ("allreduce", "grouped_allreduce"):
-        if fields["op"] not in ("Average", "Sum"):
-            why = f"an allreduce with hvd.Average or hvd.Sum only, not {fields['op']}"
-    elif call != "barrier":
-        why = f"allreduce (hvd.Average, hvd.Sum) and barrier only, not hvd.{call}"
-    if why is None:
-        return None
-    return HorovodInternalError(f"fastreduce.horovod: ranks {joined} have joined (hvd.join()); "
-                                f"they take part in {why}: {fields['name']!r} is refused")
+    if blocking:
+        request = negotiation.submit(comm, key, name, describe, launch, error, blocking=True)
+        return request.result if request.at_once else synchronize(request.result)
+    handle = handles.reserve((id(comm), name))
+    try:
+        request = negotiation.submit(comm, key, name, describe,
+                                     lambda _: handles.adopt(handle, launch(False)), error)
+    except BaseException:
+        handles.release(handle)
+        raise
+    handles.submitted(handle, comm, request)
+    return handle
 
 
 def _scale_(t: torch.Tensor, factor: float) -> None:
@@ -166,8 +157,8 @@ _ALLREDUCE_FIELDS = ("op", "dtype", "shape", "device", "prescale", "postscale")
 
 def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_set, kind,
                      blocking=False):
-    """Agree, then start the reduction of tensors into outputs (the same objects in place):
-    a handle whose result is the outputs (a list); blocking, the outputs at once."""
+    """Submit the reduction of tensors into outputs (the same objects in place): a handle
+    whose result is the outputs (a list); blocking, the outputs once reduced."""
     comm = _set_comm(process_set, kind)
     began = timeline.now()
     def key_of():
@@ -186,10 +177,12 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
             _check_tensor(t, f"hvd.{kind}: tensor {i}")
             _check_reduction(t, op, f"hvd.{kind}")
 
-    _, everyone_blocking = _agree(comm, key_of, _ALLREDUCE_FIELDS, name, validate, blocking)
-    event = timeline.begin(kind, name, began)
-    return _run_allreduce(comm, tensors, outputs, op, prescale, postscale, (id(comm), name),
-                          event, blocking, everyone_blocking)
+    def launch(everyone_blocking: bool):
+        event = timeline.begin(kind, name, began)
+        return _run_allreduce(comm, tensors, outputs, op, prescale, postscale, (id(comm), name),
+                              event, everyone_blocking, everyone_blocking)
+
+    return _submit(comm, key_of, _ALLREDUCE_FIELDS, name, validate, launch, blocking)
 
 
 def _core_divides(t: torch.Tensor, op) -> bool:
@@ -262,17 +255,53 @@ _BUCKET_FIELDS = ("op", "dtype", "elements", "device", "wire")
 
 def _bucket_start(flat: torch.Tensor, op: str, process_set: ProcessSet, name: str, wire):
     """DistributedOptimizer's bucket: a negotiated non-blocking all-reduce of a flat buffer
-    with fastreduce's op name and wire compression (ranks that have joined take part); the
-    fastreduce Request."""
+    with fastreduce's op name and wire compression (ranks that have joined take part); its
+    request (the fastreduce Request, or a _Submitted one until every rank has submitted it)."""
     comm = _set_comm(process_set, "DistributedOptimizer")
     began = timeline.now()
-    _agree(comm, lambda: ("bucket", op, str(flat.dtype), flat.numel(), flat.device.type, wire),
-           _BUCKET_FIELDS, name, lambda: None)
-    event = timeline.begin("allreduce", name, began)
-    request = _core.iallreduce_(flat, op, comm=comm, compression=wire)
-    if event is not None:
-        request.add_done_callback(lambda _: timeline.end(event))
-    return request
+
+    def launch(_):
+        event = timeline.begin("allreduce", name, began)
+        request = _core.iallreduce_(flat, op, comm=comm, compression=wire)
+        if event is not None:
+            request.add_done_callback(lambda _: timeline.end(event))
+        return request
+
+    key = ("bucket", op, str(flat.dtype), flat.numel(), flat.device.type, wire)
+    submitted = negotiation.submit(
+        comm, key, name, lambda: {"call": "bucket", "name": name,
+                                  **dict(zip(_BUCKET_FIELDS, key[1:], strict=True))}, launch)
+    return submitted.result if submitted.done and submitted.error is None else \
+        _Submitted(comm, submitted)
+
+
+class _Submitted:
+    """A bucket's request while some rank has not submitted it: wait() takes part in the
+    ranks' rounds until it runs, then waits for the reduction."""
+
+    __slots__ = ("comm", "submitted")
+
+    def __init__(self, comm, submitted):
+        self.comm, self.submitted = comm, submitted
+
+    @property
+    def done(self) -> bool:
+        return self.test()
+
+    def test(self) -> bool:  # True once failed: wait() raises the error
+        submitted = self.submitted
+        return submitted.done and (submitted.error is not None or submitted.result.test())
+
+    def wait(self) -> None:
+        negotiation.wait(self.comm, self.submitted)
+        self.submitted.result.wait()
+
+    def add_done_callback(self, fn) -> None:
+        if self.submitted.done:
+            self.submitted.result.add_done_callback(lambda _: fn(self))
+        else:
+            self.submitted.callbacks.append(
+                lambda s: s.error is None and s.result.add_done_callback(lambda _: fn(self)))
 
 
 class _Allreduce(torch.autograd.Function):
@@ -294,7 +323,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=global_process_set) -> int:
     """Start reducing tensor over the process set into a new tensor; a handle."""
     op = _op_of(op, average, "allreduce_async")
-    return _single(_allreduce_start([tensor], [None], _name("allreduce", name), op,
+    return handles.first_only(_allreduce_start([tensor], [None], _name("allreduce", name), op,
                                     prescale_factor, postscale_factor, process_set,
                                     "allreduce"))
 
@@ -303,7 +332,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                      postscale_factor=1.0, process_set=global_process_set) -> int:
     """Start reducing tensor in place over the process set; a handle."""
     op = _op_of(op, average, "allreduce_async_")
-    return _single(_allreduce_start([tensor], [tensor], _name("allreduce", name), op,
+    return handles.first_only(_allreduce_start([tensor], [tensor], _name("allreduce", name), op,
                                     prescale_factor, postscale_factor, process_set,
                                     "allreduce"))
 
@@ -337,14 +366,6 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 def _like(t):
     return torch.empty_like(t) if isinstance(t, torch.Tensor) else t
-
-
-def _single(handle: int) -> int:
-    """A handle whose result is its one output rather than a list."""
-    pending = handles._pending[handle]
-    finish = pending.finish
-    pending.finish = lambda: finish()[0]
-    return handle
 
 
 def _grouped_start(tensors, outputs, average, name, op, prescale, postscale, process_set,
@@ -442,12 +463,23 @@ class _JobRequest:
         _engine.wait_job(self.job)
 
 
+def _movement(kind, name, comm, began, run, tensor):
+    """launch() for a collective's data movement run(comm): at once where every rank waits
+    for it (its result), else a handle (_complete)."""
+    def launch(everyone_blocking: bool):
+        event = timeline.begin(kind, name, began)
+        handle = _complete(kind, name, comm, run, event, not everyone_blocking, tensor)
+        return synchronize(handle) if everyone_blocking else handle
+
+    return launch
+
+
 def _complete(kind, name, comm, run, event, background: bool, tensor) -> int:
-    """A handle for run(comm), the collective's data movement, agreed already. In the
-    background (an _async call of a CPU tensor, the progress engine on): on the engine's
-    thread and its duplicate of comm, in submission order on every rank, so poll() is
-    False until it is done. Else at once (a CUDA tensor's copies stay on the caller's
-    stream)."""
+    """A handle for run(comm), the collective's data movement, every rank having submitted
+    it. In the background (unless every rank waits for it at once; a CPU tensor, the
+    progress engine on): on the engine's thread and its duplicate of comm, in submission
+    order on every rank, so poll() is False until it is done. Else at once (a CUDA tensor's
+    copies stay on the caller's stream)."""
     if background and tensor.device.type == "cpu" and _engine.state()[0]:
         dup = _core.engine_comm(comm)
         box: list = []
@@ -471,7 +503,7 @@ def _allgather_now(comm, tensor, rows_everywhere=None):
     return out.to(tensor.device), counts
 
 
-def _allgather_start(tensor, name, process_set, kind="allgather", background=False):
+def _allgather_start(tensor, name, process_set, kind="allgather", blocking=False):
     comm = _set_comm(process_set, kind)
     began = timeline.now()
 
@@ -481,16 +513,16 @@ def _allgather_start(tensor, name, process_set, kind="allgather", background=Fal
             raise ValueError(f"fastreduce.horovod: hvd.{kind} needs a tensor of at least one "
                              f"dimension (it concatenates on the first)")
 
-    _agree(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape[1:]), tensor.device.type),
-           ("dtype", "trailing shape", "device"), name, validate)
-    event = timeline.begin(kind, name, began)
-    return _complete(kind, name, comm, lambda c: _allgather_now(c, tensor)[0], event, background,
-                     tensor)
+    return _submit(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape[1:]),
+                                  tensor.device.type),
+                   ("dtype", "trailing shape", "device"), name, validate,
+                   _movement(kind, name, comm, began, lambda c: _allgather_now(c, tensor)[0],
+                             tensor), blocking)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Start concatenating every rank's tensor on dimension 0; a handle."""
-    return _allgather_start(tensor, _name("allgather", name), process_set, background=True)
+    return _allgather_start(tensor, _name("allgather", name), process_set)
 
 
 class _Allgather(torch.autograd.Function):
@@ -498,7 +530,7 @@ class _Allgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.rows = tensor.shape[0]
         ctx.process_set = process_set
-        return synchronize(_allgather_start(tensor, name, process_set))
+        return _allgather_start(tensor, name, process_set, blocking=True)
 
     @staticmethod
     def backward(ctx, grad):
@@ -514,32 +546,32 @@ def allgather(tensor, name=None, process_set=global_process_set):
     name = _name("allgather", name)
     if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
         return _Allgather.apply(tensor, name, process_set)
-    return synchronize(_allgather_start(tensor, name, process_set))
+    return _allgather_start(tensor, name, process_set, blocking=True)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     """Start allgathers of a list of tensors; a handle (a list of outputs)."""
     name = _name("grouped_allgather", name)
     started = _start_each(lambda i, t: _allgather_start(
-        t, f"{name}.{i}", process_set, "grouped_allgather", background=True), tensors)
+        t, f"{name}.{i}", process_set, "grouped_allgather"), tensors)
     return _grouped(started, ("grouped_allgather", name))
 
 
-class _Quiet:
-    """A request whose wait() only waits: its error is raised by its own handle's
-    synchronize()."""
+class _Part:
+    """A grouped handle's view of one of its parts' handles: test() and wait() only wait;
+    the part's error is raised by the grouped handle's synchronize()."""
 
-    __slots__ = ("request",)
+    __slots__ = ("handle",)
 
-    def __init__(self, request):
-        self.request = request
+    def __init__(self, handle: int):
+        self.handle = handle
 
     def test(self) -> bool:
-        return self.request.test()
+        return handles.poll(self.handle)
 
     def wait(self) -> None:
         try:
-            self.request.wait()
+            handles.wait(self.handle)
         except Exception:  # noqa: BLE001  (synchronize_all raises it, after the others)
             pass
 
@@ -575,8 +607,8 @@ def _start_each(start, items) -> list[int]:
 
 def _grouped(started: list[int], key) -> int:
     """One handle for the handles `started`: done when all are, their results a list."""
-    requests = [_Quiet(r) for h in started for r in handles.requests(h)]
-    return handles.start(requests, lambda: _synchronize_all(started), key, None)
+    return handles.start([_Part(h) for h in started], lambda: _synchronize_all(started), key,
+                         None)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
@@ -586,7 +618,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set) -> lis
 
 
 def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadcast",
-                     background=False):
+                     blocking=False):
     comm = _set_comm(process_set, kind)
     began = timeline.now()
     ranks = process_set.ranks
@@ -597,33 +629,30 @@ def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadca
             raise ValueError(f"fastreduce.horovod: hvd.{kind}: root_rank {root_rank} is not in "
                              f"the process set (ranks {ranks})")
 
-    _agree(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape), root_rank,
-                          tensor.device.type),
-           ("dtype", "shape", "root rank", "device"), name, validate)
-    event = timeline.begin(kind, name, began)
-    if output is not tensor:
-        output.copy_(tensor)
-
     def run(c):
+        if output is not tensor:
+            output.copy_(tensor)
         host = _host(output)
         c.Bcast([_buffer(host), MPI.BYTE], root=ranks.index(root_rank))
         if host is not output:
             output.copy_(host)
         return output
 
-    return _complete(kind, name, comm, run, event, background, output)
+    return _submit(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape), root_rank,
+                                  tensor.device.type),
+                   ("dtype", "shape", "root rank", "device"), name, validate,
+                   _movement(kind, name, comm, began, run, output), blocking)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """Start broadcasting root_rank's tensor into a new tensor; a handle."""
     return _broadcast_start(tensor, _like(tensor), root_rank, _name("broadcast", name),
-                            process_set, background=True)
+                            process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """Start broadcasting root_rank's tensor into tensor on every rank; a handle."""
-    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name), process_set,
-                            background=True)
+    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name), process_set)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -631,8 +660,8 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return synchronize(_broadcast_start(tensor, torch.empty_like(tensor), root_rank, name,
-                                            process_set))
+        return _broadcast_start(tensor, torch.empty_like(tensor), root_rank, name, process_set,
+                                blocking=True)
 
     @staticmethod
     def backward(ctx, grad):
@@ -649,12 +678,13 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     name = _name("broadcast", name)
     if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
         return _Broadcast.apply(tensor, root_rank, name, process_set)
-    return synchronize(_broadcast_start(tensor, _like(tensor), root_rank, name, process_set))
+    return _broadcast_start(tensor, _like(tensor), root_rank, name, process_set, blocking=True)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Broadcast root_rank's tensor into tensor on every rank; returns tensor."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name), process_set,
+                            blocking=True)
 
 
 def _splits_list(splits, rows: int, size: int, what: str) -> list[int]:
@@ -675,7 +705,7 @@ def _splits_list(splits, rows: int, size: int, what: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def _alltoall_start(tensor, splits, name, process_set, background=False):
+def _alltoall_start(tensor, splits, name, process_set, blocking=False):
     comm = _set_comm(process_set, "alltoall")
     began = timeline.now()
     size = comm.Get_size()
@@ -688,10 +718,6 @@ def _alltoall_start(tensor, splits, name, process_set, background=False):
                              "dimension (it splits the first)")
         sends.extend(_splits_list(splits, tensor.shape[0], size, "alltoall"))
 
-    _agree(comm, lambda: ("alltoall", str(tensor.dtype), tuple(tensor.shape[1:]),
-                          tensor.device.type),
-           ("dtype", "trailing shape", "device"), name, validate)
-    event = timeline.begin("alltoall", name, began)
 
     def run(c):
         received = np.empty(size, np.int64)
@@ -707,19 +733,21 @@ def _alltoall_start(tensor, splits, name, process_set, background=False):
                      MPI.BYTE])
         return out.to(tensor.device), torch.from_numpy(received.astype(np.int32))
 
-    return _complete("alltoall", name, comm, run, event, background, tensor)
+    return _submit(comm, lambda: ("alltoall", str(tensor.dtype), tuple(tensor.shape[1:]),
+                                  tensor.device.type),
+                   ("dtype", "trailing shape", "device"), name, validate,
+                   _movement("alltoall", name, comm, began, run, tensor), blocking)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
     """Start an alltoall; synchronize() returns (output, received splits)."""
-    return _alltoall_start(tensor, splits, _name("alltoall", name), process_set,
-                           background=True)
+    return _alltoall_start(tensor, splits, _name("alltoall", name), process_set)
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        out, received = synchronize(_alltoall_start(tensor, splits, name, process_set))
+        out, received = _alltoall_start(tensor, splits, name, process_set, blocking=True)
         ctx.received = received
         ctx.process_set = process_set
         ctx.mark_non_differentiable(received)
@@ -738,12 +766,12 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
         out, received = _Alltoall.apply(tensor, splits, name, process_set)
     else:
-        out, received = synchronize(_alltoall_start(tensor, splits, name, process_set))
+        out, received = _alltoall_start(tensor, splits, name, process_set, blocking=True)
     return out if splits is None else (out, received)
 
 
 def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
-                         kind="reducescatter", background=False):
+                         kind="reducescatter", blocking=False):
     comm = _set_comm(process_set, kind)
     began = timeline.now()
     size, me = comm.Get_size(), comm.Get_rank()
@@ -759,15 +787,10 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
             raise ValueError(f"fastreduce.horovod: hvd.{kind} needs a tensor of at least one "
                              f"dimension (it splits the first)")
 
-    _agree(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape), _OP_NAMES.get(op, op),
-                          prescale, postscale, tensor.device.type),
-           ("dtype", "shape", "op", "prescale", "postscale", "device"), name, validate)
-    event = timeline.begin(kind, name, began)
-    rows = tensor.shape[0]
-    mine = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
-    row_elems = int(np.prod(tensor.shape[1:], dtype=np.int64))
-
     def run(c):
+        rows = tensor.shape[0]
+        mine = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+        row_elems = int(np.prod(tensor.shape[1:], dtype=np.int64))
         src = _host(tensor).clone()
         _scale_(src, prescale)
         out = torch.empty((mine[me], *tensor.shape[1:]), dtype=tensor.dtype)
@@ -777,7 +800,10 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
         _scale_(out, postscale / size if op == Average else postscale)
         return out.to(tensor.device)
 
-    return _complete(kind, name, comm, run, event, background, tensor)
+    return _submit(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape),
+                                  _OP_NAMES.get(op, op), prescale, postscale, tensor.device.type),
+                   ("dtype", "shape", "op", "prescale", "postscale", "device"), name, validate,
+                   _movement(kind, name, comm, began, run, tensor), blocking)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
@@ -785,7 +811,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Start a reduce-scatter over dimension 0 (the first rows % size ranks get one row
     more); a handle."""
     return _reducescatter_start(tensor, _name("reducescatter", name), op, prescale_factor,
-                                postscale_factor, process_set, background=True)
+                                postscale_factor, process_set)
 
 
 def _reducescatter_grad(grad: torch.Tensor, op, prescale, postscale, process_set):
@@ -801,8 +827,8 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (op, prescale, postscale, process_set)
-        return synchronize(_reducescatter_start(tensor, name, op, prescale, postscale,
-                                                process_set))
+        return _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
+                                    blocking=True)
 
     @staticmethod
     def backward(ctx, grad):
@@ -819,8 +845,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
         out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
                                    process_set)
     else:
-        out = synchronize(_reducescatter_start(compressed, name, op, prescale_factor,
-                                               postscale_factor, process_set))
+        out = _reducescatter_start(compressed, name, op, prescale_factor, postscale_factor,
+                                   process_set, blocking=True)
     return compression.decompress(out, context)
 
 
@@ -830,7 +856,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     name = _name("grouped_reducescatter", name)
     started = _start_each(lambda i, t: _reducescatter_start(
         t, f"{name}.{i}", op, prescale_factor, postscale_factor, process_set,
-        "grouped_reducescatter", background=True), tensors)
+        "grouped_reducescatter"), tensors)
     return _grouped(started, ("grouped_reducescatter", name))
 
 
@@ -858,7 +884,7 @@ def sparse_allreduce_async(tensor, name, op,
     t = tensor.coalesce()
     parts = {"indices": t.indices().t().contiguous(), "values": t.values().contiguous()}
     indices, values = _start_each(lambda _, part: _allgather_start(
-        parts[part], f"{name}.{part}", process_set, background=True), parts)
+        parts[part], f"{name}.{part}", process_set), parts)
 
     def handle() -> torch.Tensor:
         where, gathered = _synchronize_all([indices, values])
@@ -872,8 +898,12 @@ def sparse_allreduce_async(tensor, name, op,
 def barrier(process_set=global_process_set) -> None:
     """Wait until every rank of the process set has reached the barrier."""
     comm = _set_comm(process_set, "barrier")
-    _agree(comm, lambda: ("barrier",), (), "barrier", lambda: None)
-    comm.Barrier()
+
+    def launch(everyone_blocking: bool):
+        comm.Barrier()  # at once on every rank, in the round that runs it
+        return None if everyone_blocking else _done("barrier", "barrier", comm, None, None)
+
+    _submit(comm, lambda: ("barrier",), (), "barrier", lambda: None, launch, blocking=True)
 
 
 def join(device=-1) -> int:
@@ -890,13 +920,12 @@ def join(device=-1) -> int:
         first = False
         if followed[0] == "joined":
             return followed[1]
-        fields, joined = followed
-        unnamed = _UNNAMED.match(str(fields["name"]))
-        if unnamed:  # unnamed calls stay numbered alike on every rank
-            world.current.unnamed[unnamed[1]] = itertools.count(int(unnamed[2]) + 1)
-        if fields.get("refused"):  # the active ranks refused their call, or differ: they raise
-            continue
-        if _join_refusal(fields, joined) is None:  # else the active ranks raise
+        take_part, names = followed
+        for name in names:
+            unnamed = _UNNAMED.match(name)
+            if unnamed:  # unnamed calls stay numbered alike on every rank
+                world.current.unnamed[unnamed[1]] = itertools.count(int(unnamed[2]) + 1)
+        for fields in take_part:
             _take_part(comm, fields, device)
 
 

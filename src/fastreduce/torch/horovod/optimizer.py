@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import warnings
 
 import torch
@@ -36,7 +37,7 @@ import torch
 from ... import settings
 from ...backend import engine as _engine
 from ..buckets import BucketEngine, Reduction, plan_buckets, schedule_setting
-from . import timeline
+from . import timeline, world
 from .basics import size
 from .compression import Compression, FP16Compressor, NoneCompressor
 from .negotiation import agree_call
@@ -156,6 +157,10 @@ class _DistributedOptimizer:
                       [len(g) for g in groups]})
         if not trained:
             return
+        # the buckets' names, distinct per optimizer (made in the same order on every rank)
+        made = world.current.unnamed.setdefault(
+            f"DistributedOptimizer.{process_set.process_set_id}", itertools.count())
+        self._hvd_label = f"DistributedOptimizer.{process_set.process_set_id}.{next(made)}"
         self._hvd_comm = process_set.comm
         self._hvd_nranks = process_set.size()
         predivide = op == Average and gradient_predivide_factor != 1.0
@@ -208,7 +213,7 @@ class _DistributedOptimizer:
                     sent = sent.contiguous()
             bucket.sent, bucket.ctx = sent, ctx
             return _bucket_start(sent, self._hvd_opname, self.process_set,
-                                 f"DistributedOptimizer.{bucket.label}", wire)
+                                 f"{self._hvd_label}.{bucket.label}", wire)
 
     def _hvd_finish(self, bucket) -> None:
         flat = bucket.flat
@@ -219,7 +224,7 @@ class _DistributedOptimizer:
 
     def _hvd_sum(self, values: torch.Tensor) -> torch.Tensor:
         # negotiated like a bucket, so that a joined rank takes part (with zeros)
-        _bucket_start(values, "sum", self.process_set, "DistributedOptimizer.schedule",
+        _bucket_start(values, "sum", self.process_set, f"{self._hvd_label}.schedule",
                       None).wait()
         return values
 
