@@ -468,6 +468,39 @@ def test_a_duplicate_name_is_refused_on_its_rank_only(checks):
 
 
 @MORE_THAN_ONE
+def test_unnamed_calls_match_again_after_every_rank_waited_in_vain(checks):
+    """Rank 0 leaves a loop of unnamed allreduces one call early (as a rank whose test
+    failed leaves its loop) and calls allgather; the others wait in their last allreduce.
+    Every rank raises HorovodMismatch naming what each waits for, none hangs, and the next
+    unnamed allreduce and allgather match on every rank (their numbering set alike)."""
+    x = torch.ones(2)
+
+    def loop():
+        for _ in range(2 if rank == 0 else 3):
+            hvd.allreduce(x, op=hvd.Sum)
+        hvd.allgather(x)
+
+    checks.expect_everywhere(loop, ["waits for", "'allreduce.noname.", "'allgather.noname."])
+    checks.check(hvd.allreduce(x, op=hvd.Sum).tolist() == [size] * 2, "unnamed allreduce after")
+    checks.check(hvd.allgather(x).tolist() == [1.0] * (2 * size), "unnamed allgather after")
+
+
+@pytest.mark.mpi(ranks=(3, 4))
+def test_unnamed_calls_are_numbered_per_process_set(checks, dynamic_sets):
+    """The even ranks make two unnamed allreduces on their set, the odd ranks one on
+    theirs: an unnamed allreduce on the global set then matches on every rank (each set
+    numbers its own unnamed calls)."""
+    evens = hvd.add_process_set(list(range(0, size, 2)))
+    odds = hvd.add_process_set(list(range(1, size, 2)))
+    mine = evens if rank % 2 == 0 else odds
+    for _ in range(2 if mine is evens else 1):
+        hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=mine)
+    checks.check(hvd.allreduce(torch.ones(1), op=hvd.Sum).tolist() == [size], "global after")
+    hvd.remove_process_set(evens)
+    hvd.remove_process_set(odds)
+
+
+@MORE_THAN_ONE
 def test_a_refusal_fails_another_ranks_pending_request(checks):
     """Rank 0 submits 'r' and waits; the others refuse their 'r' (an op that is none):
     they raise ValueError, rank 0's synchronize() HorovodMismatch naming them, and its

@@ -15,6 +15,10 @@ def allreduce(
     x: _T, op: str | MPI.Op = "sum", *, comm: MPI.Comm | None = None, out: Any = None,
     compression: str | None = None,
 ) -> _T: ...
+def agreed_allreduce(
+    x: _T, op: str | MPI.Op, comm: MPI.Comm | None, status: int, digest: int,
+    everyone: Any, in_place: bool,
+) -> _T | None | bool: ...
 def _reduce_local(inbuf: Any, inoutbuf: _T, op: str | MPI.Op = "sum") -> _T: ...
 
 class Request:

@@ -63,6 +63,7 @@ include "coll_blocking.pxi"
 include "coll_requests.pxi"
 include "coll_engine_jobs.pxi"
 include "coll_coalesced.pxi"
+include "coll_agreed.pxi"
 
 
 # --- for tests and the torch.distributed backend ------------------------------------

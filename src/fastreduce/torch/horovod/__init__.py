@@ -7,9 +7,10 @@ hvd`, launched with mpiexec or srun as before.
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
-Every rank must submit its collectives in the same order (names, dtypes and shapes are
-checked before each one, and a difference raises on every rank; Horovod's coordinator
-would reorder them instead). Adasum is not implemented. See docs/horovod.md.
+As with Horovod's coordinator, the ranks' requests are matched by name, so ranks may submit
+them in different orders; where they differ under one name, or every rank waits for a
+request another never submitted, the ranks raise instead of stalling. Adasum is not
+implemented. See docs/horovod.md.
 """
 
 from ..._version import __version__

@@ -12,7 +12,8 @@ Otherwise the ranks' lists of pending (name, digest) are exchanged: a name whose
 descriptions differ raises on every rank with the differences; a rank's refusal of its
 arguments raises there, and a HorovodMismatch on the ranks that submit that name; ranks
 that have called join() take part in the others' reductions with zeros; where every rank
-waits and nothing can run, each rank's wait raises rather than hang. A rank that shuts
+waits and nothing can run, every rank's wait raises rather than hang (and the ranks'
+numbering of unnamed calls is set alike again). A rank that shuts
 down (hvd.shutdown(), or the end of its program) sends its last status: ranks still in a
 round on the set learn it there and raise, and every later collective on the set raises
 at once, as Horovod's "has been shut down".
@@ -29,6 +30,7 @@ from mpi4py import MPI
 
 from ... import agreement
 from ...errors import CollectiveMismatch, FastreduceError
+from . import world
 
 # a round's status; LISTED: the rank's pending list differs from "one new request"
 ACTIVE, JOINED, REFUSED, BLOCKING, SHUTDOWN, LISTED = 0, 1, 2, 4, 8, 16
@@ -36,8 +38,7 @@ _MASK = (1 << 62) - 1
 _digests: dict = {}
 _buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 _gone: dict[int, list[int]] = {}  # comm handle -> the ranks of it that have shut down
-_queues: dict[int, dict[str, Request]] = {}  # comm handle -> name -> pending, in order
-_refused: dict[int, dict[str, str]] = {}  # comm handle -> name -> another rank's refusal
+_sets: dict[int, _Set] = {}  # comm handle -> what this rank has pending there
 _rounds = [0]  # the rounds this rank has taken part in, on any set
 
 
@@ -85,6 +86,24 @@ class Request:
             fn(self)
 
 
+class _Set:
+    """This rank's state on one process set's communicator."""
+
+    __slots__ = ("queue", "refused")
+
+    def __init__(self):
+        self.queue: dict[str, Request] = {}  # name -> pending request, in submission order
+        self.refused: dict[str, str] = {}    # name -> another rank's refusal of it
+
+
+def _set(comm: MPI.Intracomm) -> _Set:
+    handle = comm.py2f()
+    state = _sets.get(handle)
+    if state is None:
+        state = _sets[handle] = _Set()
+    return state
+
+
 def _digest(key: tuple, name: str) -> int:
     """A digest of the call (key: its description but the name), the same on every rank
     (Python's hash() is not)."""
@@ -98,15 +117,35 @@ def _digest(key: tuple, name: str) -> int:
     return (value ^ zlib.crc32(name.encode()) * 0x9E3779B1) & _MASK
 
 
+def _buffers_of(size: int) -> tuple[np.ndarray, np.ndarray]:
+    return _buffers.get(size) or _buffers.setdefault(
+        size, (np.empty(2, np.int64), np.empty(2 * size, np.int64)))
+
+
 def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray, bool]:
     """Every rank's (status, value); and whether all sent the same."""
     size = comm.Get_size()
-    send, recv = _buffers.get(size) or _buffers.setdefault(
-        size, (np.empty(2, np.int64), np.empty(2 * size, np.int64)))
+    send, recv = _buffers_of(size)
     send[0] = status
     send[1] = value
     comm.Allgather(send, recv)
     return recv.reshape(size, 2), recv.tobytes() == send.tobytes() * size
+
+
+def fast_round(comm: MPI.Intracomm, key: tuple, name: str) -> tuple[int, np.ndarray] | None:
+    """Where this rank has nothing pending on comm's set (and no rank of it has shut down):
+    the (status, digest) of a new blocking request (key, name) and the array for every
+    rank's answers, for a compiled call that exchanges them and runs the collective where
+    all are the same (then count_round()). None where the request must be submitted."""
+    state = _set(comm)
+    if state.queue or comm.py2f() in _gone:
+        return None
+    return _digest(key, name), _buffers_of(comm.Get_size())[1]
+
+
+def count_round() -> None:
+    """A round made by a compiled call (fast_round())."""
+    _rounds[0] += 1
 
 
 def rounds() -> int:
@@ -123,26 +162,27 @@ def in_flight_error(call: str, name: str) -> ValueError:
 
 def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], dict],
            launch: Callable[[bool], object], error: BaseException | None = None,
-           blocking: bool = False) -> Request:
+           blocking: bool = False, exchanged: np.ndarray | None = None) -> Request:
     """Submit a collective (key: its description but the name; describe(): the full
     description, needed only where ranks differ or have joined) and take part in a round;
     blocking, in rounds until it has run. Its Request (launched, pending, or failed: its
     error raised by whoever waits for it). Raises `error` (this rank's refusal of its
-    arguments) after telling the other ranks, and, blocking, the request's own error."""
+    arguments) after telling the other ranks, and, blocking, the request's own error.
+    `exchanged`: every rank's answer to this request's fast_round() (which differ): the
+    round goes on from there."""
     _raise_if_gone(comm)
-    handle = comm.py2f()
-    queue = _queues.setdefault(handle, {})
+    state = _set(comm)
     if error is not None:
-        _round(comm, queue, None, None, (name, agreement.refusal(error)))
+        _round(comm, state, None, None, (name, agreement.refusal(error)))
         raise error
-    if name in queue:
+    if name in state.queue:
         raise in_flight_error(key[0], name)
-    refusal = _refused.get(handle, {}).pop(name, None)
+    refusal = state.refused.pop(name, None)
     if refusal is not None:  # another rank refused it already and will not submit it again
         raise HorovodMismatch(refusal)
     request = Request(name, _digest(key, name), describe, launch)
-    queue[name] = request
-    _round(comm, queue, request, request if blocking else None)
+    state.queue[name] = request
+    _round(comm, state, request, request if blocking else None, exchanged=exchanged)
     if blocking:
         wait(comm, request)
     return request  # not blocking, its waiter raises its error (an asynchronous call's handle)
@@ -150,10 +190,10 @@ def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], di
 
 def wait(comm: MPI.Intracomm, request: Request) -> None:
     """Take part in rounds until `request` has run (or failed: its error raised)."""
-    queue = _queues.setdefault(comm.py2f(), {})
+    state = _set(comm)
     while not request.done:
         _raise_if_gone(comm)
-        _round(comm, queue, None, request)
+        _round(comm, state, None, request)
     if request.error is not None:
         raise request.error
 
@@ -174,7 +214,7 @@ def follow(comm: MPI.Intracomm, first: bool):
     (descriptions of the calls this rank takes part in, with zeros, in order; the names
     the active ranks used up, their unnamed numbering to follow)."""
     _raise_if_gone(comm)
-    return _round(comm, _queues.setdefault(comm.py2f(), {}), None, None, None, first)
+    return _round(comm, _set(comm), None, None, None, first)
 
 
 def leave(comm: MPI.Intracomm) -> None:
@@ -184,11 +224,18 @@ def leave(comm: MPI.Intracomm) -> None:
         _exchange(comm, SHUTDOWN, 0)
 
 
+def forget(comm: MPI.Intracomm) -> None:
+    """comm's process set is removed: its state here goes (the handle may come again)."""
+    handle = comm.py2f()
+    _sets.pop(handle, None)
+    _gone.pop(handle, None)
+    world.forget_numbering(handle)
+
+
 def forget_gone() -> None:
     """After shutdown(): the communicators are freed, their handles may come again."""
     _gone.clear()
-    _queues.clear()
-    _refused.clear()
+    _sets.clear()
 
 
 def _gone_error(comm: MPI.Intracomm, gone: list[int]) -> HorovodInternalError:
@@ -232,14 +279,16 @@ def join_refusal(fields: dict, joined: list) -> HorovodInternalError | None:
                                 f"they take part in {why}: {fields['name']!r} is refused")
 
 
-def _round(comm: MPI.Intracomm, queue: dict, fresh: Request | None,
-           waiting: Request | None, refusal: tuple | None = None, first: bool | None = None):
+def _round(comm: MPI.Intracomm, state: _Set, fresh: Request | None,
+           waiting: Request | None, refusal: tuple | None = None, first: bool | None = None,
+           exchanged: np.ndarray | None = None):
     """One round (collective over comm): runs or fails the requests it settles. `fresh`:
     the request just submitted; `waiting`: the one this rank waits for; `refusal`: (name,
-    why) this rank refuses; `first` (join() only: whether this is its first round). For
-    join(), follow()'s result."""
-    _rounds[0] += 1
+    why) this rank refuses; `first` (join() only: whether this is its first round);
+    `exchanged`: the exchange of this round made already (fast_round()). For join(),
+    follow()'s result."""
     joining = first is not None
+    queue = state.queue
     if joining:
         status, value = JOINED, int(first)
     elif refusal is not None:
@@ -248,7 +297,11 @@ def _round(comm: MPI.Intracomm, queue: dict, fresh: Request | None,
         status, value = (BLOCKING if waiting is fresh else ACTIVE), fresh.digest
     else:
         status, value = LISTED, 0
-    everyone, alike = _exchange(comm, status, value)
+    _rounds[0] += 1
+    if exchanged is None:
+        everyone, alike = _exchange(comm, status, value)
+    else:
+        everyone, alike = exchanged.reshape(-1, 2), False
     statuses = everyone[:, 0]
     if alike and status in (ACTIVE, BLOCKING):
         del queue[fresh.name]
@@ -263,15 +316,15 @@ def _round(comm: MPI.Intracomm, queue: dict, fresh: Request | None,
         del queue[fresh.name]  # some wait at once, some later: all take the non-blocking path
         fresh._finish()
         return None
-    return _settle(comm, queue, waiting, refusal, joining)
+    return _settle(comm, state, waiting, refusal, joining)
 
 
-def _settle(comm: MPI.Intracomm, queue: dict, waiting: Request | None,
+def _settle(comm: MPI.Intracomm, state: _Set, waiting: Request | None,
             refusal: tuple | None, joining: bool):
     """A round's slow path: every rank's pending list, then the same decisions on every
     rank (the requests to run, in the first active rank's order; the names that differ,
     were refused, or can never run)."""
-    me = comm.Get_rank()
+    queue = state.queue
     record = (joining, None if waiting is None else waiting.name,
               [(n, r.digest) for n, r in queue.items()], refusal)
     everyone = comm.allgather(record)
@@ -290,10 +343,9 @@ def _settle(comm: MPI.Intracomm, queue: dict, waiting: Request | None,
         if request is not None:
             request._finish(HorovodMismatch(text))
         elif refusal is None or refusal[0] != name:
-            kept = _refused.setdefault(comm.py2f(), {})
-            if len(kept) > 4096:
-                kept.clear()
-            kept[name] = text
+            if len(state.refused) > 4096:
+                state.refused.clear()
+            state.refused[name] = text
     lists = [dict(everyone[r][2]) for r in active]
     common = [n for n in lists[0] if n not in refused and all(n in lst for lst in lists[1:])]
     differ = [n for n in common if any(lst[n] != lists[0][n] for lst in lists[1:])]
@@ -332,16 +384,35 @@ def _settle(comm: MPI.Intracomm, queue: dict, waiting: Request | None,
         queue.pop(name)._finish()
     if not (runnable or failed or refused) and all(w is not None for j, w, _, _ in everyone
                                                  if not j):
-        # every active rank waits for a request that some rank has not submitted: none
-        # of them can ever run
-        listing = "; ".join(f"rank {r} waits for {everyone[r][1]!r} (pending: "
-                            f"{', '.join(repr(n) for n, _ in everyone[r][2])})" for r in active)
-        if waiting is not None and me in active:
-            queue.pop(waiting.name, None)
-            waiting._finish(HorovodMismatch(
-                f"fastreduce.horovod: every rank of a process set of {comm.Get_size()} waits "
-                f"for a call (collective) that another rank has not submitted, so none can "
-                f"run ({listing}); every rank must submit the same calls, matched by name"))
+        _unstick(comm, state, waiting, everyone, active)
     if joining:
         return take_part, runnable + differ + list(refused)
     return None
+
+
+def _unstick(comm: MPI.Intracomm, state: _Set, waiting: Request | None, everyone: list,
+             active: list[int]) -> None:
+    """Every active rank waits for a request that some rank has not submitted: none can
+    ever run, so each rank's wait raises (none may be left waiting: a rank whose program
+    then meets the others outside fastreduce would hang). Then the ranks' numbering of
+    unnamed calls is set alike: each kind's next number the highest any rank has used or
+    holds pending, so that their next unnamed calls match again."""
+    if waiting is not None and comm.Get_rank() in active:
+        listing = "; ".join(f"rank {r} waits for {everyone[r][1]!r} (pending: "
+                            f"{', '.join(repr(n) for n, _ in everyone[r][2])})" for r in active)
+        state.queue.pop(waiting.name, None)
+        waiting._finish(HorovodMismatch(
+            f"fastreduce.horovod: every rank of a process set of {comm.Get_size()} waits for a "
+            f"call (collective) that another rank has not submitted, so none can run "
+            f"({listing}); every rank must submit the same calls, matched by name"))
+    where = comm.py2f()
+    numbers = world.numbering(where)
+    for name in state.queue:  # a number pending here is still to be used by the others
+        kind, number = world.unnamed_number(name)
+        if kind is not None and number < numbers.get(kind, number + 1):
+            numbers[kind] = number
+    highest: dict[str, int] = {}
+    for theirs in comm.allgather(numbers):
+        for kind, number in theirs.items():
+            highest[kind] = max(highest.get(kind, 0), number)
+    world.follow_numbering(where, highest)

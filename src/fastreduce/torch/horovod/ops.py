@@ -14,7 +14,6 @@ submitted them, their handle then complete.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable
 
 import numpy as np
@@ -66,16 +65,12 @@ def _op_of(op, average, what: str):
     return op
 
 
-# an unnamed call's name (kind, number), with a grouped or sparse call's part after it
-_UNNAMED = re.compile(r"^(.*?)\.noname\.(\d+)(?:\.|$)")
-
-
-def _name(kind: str, name) -> str:
+def _name(kind: str, name, process_set) -> str:
+    """The call's name; an unnamed call's numbered per process set ("allreduce.noname.3")."""
     if name is None:
-        # before init() the call is refused later; its name does not matter
-        unnamed = world.current.unnamed if world.current is not None else {}
-        counter = unnamed.setdefault(kind, itertools.count())
-        return f"{kind}.noname.{next(counter)}"
+        # not a member, or before init(): the call is refused later, its name does not matter
+        comm = process_set.comm if isinstance(process_set, ProcessSet) else None
+        return f"{kind}.noname.{world.next_number(kind, comm.py2f() if comm else 0)}"
     if not isinstance(name, str):
         raise TypeError(f"fastreduce.horovod: name must be a str, not {type(name).__qualname__}")
     return name
@@ -108,13 +103,15 @@ def _set_comm(process_set: ProcessSet, what: str) -> MPI.Intracomm:
     return _comm_of(process_set, f"hvd.{what}")
 
 
-def _submit(comm, key_of, names: tuple, name: str, validate, launch, blocking: bool = False):
+def _submit(comm, key_of, names: tuple, name: str, validate, launch, blocking: bool = False,
+            exchanged=None):
     """Validate locally and make the call's key (key_of(): its kind, then the values of the
     fields `names`): an exception there is raised on this rank and a HorovodMismatch on the
     ranks that submit the same name. Then submit the call to the ranks' matching by name
     (negotiation.py): blocking, its result once it has run; else a handle at once.
     launch(everyone_blocking) starts it once every rank has submitted it: its result where
-    every rank waits for it at once, else a handle."""
+    every rank waits for it at once, else a handle. `exchanged`: the ranks' answers to the
+    fast path's exchange, which differed (_fast_allreduce)."""
     error, key = None, ("invalid",)
     try:
         validate()
@@ -128,7 +125,8 @@ def _submit(comm, key_of, names: tuple, name: str, validate, launch, blocking: b
         return {"call": key[0], "name": name, **dict(zip(names, key[1:], strict=True))}
 
     if blocking:
-        request = negotiation.submit(comm, key, name, describe, launch, error, blocking=True)
+        request = negotiation.submit(comm, key, name, describe, launch, error, blocking=True,
+                                     exchanged=exchanged)
         return request.result if request.at_once else synchronize(request.result)
     handle = handles.reserve((id(comm), name))
     try:
@@ -156,7 +154,7 @@ def _scale_(t: torch.Tensor, factor: float) -> None:
 _ALLREDUCE_FIELDS = ("op", "dtype", "shape", "device", "prescale", "postscale")
 
 def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_set, kind,
-                     blocking=False):
+                     blocking=False, exchanged=None):
     """Submit the reduction of tensors into outputs (the same objects in place): a handle
     whose result is the outputs (a list); blocking, the outputs once reduced."""
     comm = _set_comm(process_set, kind)
@@ -182,7 +180,43 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
         return _run_allreduce(comm, tensors, outputs, op, prescale, postscale, (id(comm), name),
                               event, everyone_blocking, everyone_blocking)
 
-    return _submit(comm, key_of, _ALLREDUCE_FIELDS, name, validate, launch, blocking)
+    return _submit(comm, key_of, _ALLREDUCE_FIELDS, name, validate, launch, blocking,
+                   exchanged)
+
+
+_SLOW = object()
+_FAST_OPS = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+
+
+def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place: bool):
+    """allreduce / allreduce_ in one compiled call (the ranks' 16-byte exchange, then the
+    reduction) where nothing stands in the way: a CPU tensor the core takes as it is, no
+    scale factors (hvd.Average of a floating tensor: the core's "avg"), no timeline, nothing
+    pending on this rank's set. _SLOW where it does not apply; where the ranks' answers
+    differ, the negotiation goes on from them (the core having taken the tensor, the
+    checks of the slow path pass)."""
+    comm = process_set.comm if type(process_set) is ProcessSet else None
+    opname = _FAST_OPS.get(op) if type(op) is int else None
+    if comm is None or opname is None or prescale != 1 or postscale != 1 or \
+            type(tensor) is not torch.Tensor or timeline.current() is not None or \
+            (opname == "avg" and not tensor.is_floating_point()) or \
+            handles.in_flight((id(comm), name)):
+        return _SLOW
+    key = ("allreduce", _OP_NAMES[op], (tensor.dtype,), (tensor.shape,), ("cpu",), prescale,
+           postscale)
+    fast = negotiation.fast_round(comm, key, name)
+    if fast is None:
+        return _SLOW
+    digest, everyone = fast
+    out = _core.agreed_allreduce(tensor, opname, comm, negotiation.BLOCKING, digest, everyone,
+                                 in_place)
+    if out is None:
+        return _allreduce_start([tensor], [tensor if in_place else None], name, op, prescale,
+                                postscale, process_set, "allreduce", True, everyone)[0]
+    if out is False:  # refused before any exchange: the slow path refuses it on every rank
+        return _SLOW
+    negotiation.count_round()
+    return out
 
 
 def _core_divides(t: torch.Tensor, op) -> bool:
@@ -323,25 +357,31 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=global_process_set) -> int:
     """Start reducing tensor over the process set into a new tensor; a handle."""
     op = _op_of(op, average, "allreduce_async")
-    return handles.first_only(_allreduce_start([tensor], [None], _name("allreduce", name), op,
-                                    prescale_factor, postscale_factor, process_set,
-                                    "allreduce"))
+    name = _name("allreduce", name, process_set)
+    return handles.first_only(_allreduce_start([tensor], [None], name, op, prescale_factor,
+                                               postscale_factor, process_set, "allreduce"))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> int:
     """Start reducing tensor in place over the process set; a handle."""
     op = _op_of(op, average, "allreduce_async_")
-    return handles.first_only(_allreduce_start([tensor], [tensor], _name("allreduce", name), op,
-                                    prescale_factor, postscale_factor, process_set,
-                                    "allreduce"))
+    name = _name("allreduce", name, process_set)
+    return handles.first_only(_allreduce_start([tensor], [tensor], name, op, prescale_factor,
+                                               postscale_factor, process_set, "allreduce"))
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """The tensor reduced (default: averaged) over the process set; differentiable."""
     op = _op_of(op, average, "allreduce")
-    name = _name("allreduce", name)
+    name = _name("allreduce", name, process_set)
+    if compression is Compression.none and type(tensor) is torch.Tensor and \
+            not (tensor.requires_grad and torch.is_grad_enabled()):
+        out = _fast_allreduce(tensor, name, op, prescale_factor, postscale_factor, process_set,
+                              False)
+        if out is not _SLOW:
+            return out
     if compression is Compression.none:
         compressed, context = tensor, None
     else:
@@ -360,8 +400,12 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduce tensor in place over the process set; returns tensor."""
     op = _op_of(op, average, "allreduce_")
-    return _allreduce_start([tensor], [tensor], _name("allreduce", name), op, prescale_factor,
-                            postscale_factor, process_set, "allreduce", blocking=True)[0]
+    name = _name("allreduce", name, process_set)
+    out = _fast_allreduce(tensor, name, op, prescale_factor, postscale_factor, process_set, True)
+    if out is not _SLOW:
+        return out
+    return _allreduce_start([tensor], [tensor], name, op, prescale_factor, postscale_factor,
+                            process_set, "allreduce", blocking=True)[0]
 
 
 def _like(t):
@@ -372,9 +416,9 @@ def _grouped_start(tensors, outputs, average, name, op, prescale, postscale, pro
                    what, blocking=False):
     op = _op_of(op, average, what)
     tensors = list(tensors)
-    return _allreduce_start(tensors, outputs if outputs is not None else
-                            [None] * len(tensors), _name("grouped_allreduce", name), op,
-                            prescale, postscale, process_set, "grouped_allreduce", blocking)
+    return _allreduce_start(tensors, outputs if outputs is not None else [None] * len(tensors),
+                            _name("grouped_allreduce", name, process_set), op, prescale,
+                            postscale, process_set, "grouped_allreduce", blocking)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -416,8 +460,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     pairs = [compression.compress(t) for t in tensors]
     compressed = [c for c, _ in pairs]
     if torch.is_grad_enabled() and any(c.requires_grad for c in compressed):
-        outs = _GroupedAllreduce.apply(_name("grouped_allreduce", name), op, prescale_factor,
-                                       postscale_factor, process_set, *compressed)
+        outs = _GroupedAllreduce.apply(_name("grouped_allreduce", name, process_set), op,
+                                       prescale_factor, postscale_factor, process_set,
+                                       *compressed)
     else:
         outs = _grouped_start(compressed, None, None, name, op, prescale_factor,
                               postscale_factor, process_set, "grouped_allreduce", blocking=True)
@@ -522,7 +567,7 @@ def _allgather_start(tensor, name, process_set, kind="allgather", blocking=False
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Start concatenating every rank's tensor on dimension 0; a handle."""
-    return _allgather_start(tensor, _name("allgather", name), process_set)
+    return _allgather_start(tensor, _name("allgather", name, process_set), process_set)
 
 
 class _Allgather(torch.autograd.Function):
@@ -543,7 +588,7 @@ class _Allgather(torch.autograd.Function):
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's tensor concatenated on dimension 0 (which may differ); differentiable."""
-    name = _name("allgather", name)
+    name = _name("allgather", name, process_set)
     if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
         return _Allgather.apply(tensor, name, process_set)
     return _allgather_start(tensor, name, process_set, blocking=True)
@@ -551,7 +596,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     """Start allgathers of a list of tensors; a handle (a list of outputs)."""
-    name = _name("grouped_allgather", name)
+    name = _name("grouped_allgather", name, process_set)
     started = _start_each(lambda i, t: _allgather_start(
         t, f"{name}.{i}", process_set, "grouped_allgather"), tensors)
     return _grouped(started, ("grouped_allgather", name))
@@ -613,7 +658,7 @@ def _grouped(started: list[int], key) -> int:
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
     """Allgather of each tensor of a list; differentiable."""
-    name = _name("grouped_allgather", name)
+    name = _name("grouped_allgather", name, process_set)
     return [allgather(t, f"{name}.{i}", process_set) for i, t in enumerate(tensors)]
 
 
@@ -646,13 +691,14 @@ def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadca
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """Start broadcasting root_rank's tensor into a new tensor; a handle."""
-    return _broadcast_start(tensor, _like(tensor), root_rank, _name("broadcast", name),
+    return _broadcast_start(tensor, _like(tensor), root_rank, _name("broadcast", name, process_set),
                             process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
     """Start broadcasting root_rank's tensor into tensor on every rank; a handle."""
-    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name), process_set)
+    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name, process_set),
+                            process_set)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -675,7 +721,7 @@ class _Broadcast(torch.autograd.Function):
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """root_rank's tensor, on every rank of the process set; differentiable."""
-    name = _name("broadcast", name)
+    name = _name("broadcast", name, process_set)
     if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
         return _Broadcast.apply(tensor, root_rank, name, process_set)
     return _broadcast_start(tensor, _like(tensor), root_rank, name, process_set, blocking=True)
@@ -683,8 +729,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Broadcast root_rank's tensor into tensor on every rank; returns tensor."""
-    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name), process_set,
-                            blocking=True)
+    return _broadcast_start(tensor, tensor, root_rank, _name("broadcast", name, process_set),
+                            process_set, blocking=True)
 
 
 def _splits_list(splits, rows: int, size: int, what: str) -> list[int]:
@@ -741,7 +787,7 @@ def _alltoall_start(tensor, splits, name, process_set, blocking=False):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
     """Start an alltoall; synchronize() returns (output, received splits)."""
-    return _alltoall_start(tensor, splits, _name("alltoall", name), process_set)
+    return _alltoall_start(tensor, splits, _name("alltoall", name, process_set), process_set)
 
 
 class _Alltoall(torch.autograd.Function):
@@ -762,7 +808,7 @@ class _Alltoall(torch.autograd.Function):
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Rows of tensor sent to each rank by splits (default: equal); the rows received, and
     with splits given also the received splits; differentiable."""
-    name = _name("alltoall", name)
+    name = _name("alltoall", name, process_set)
     if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
         out, received = _Alltoall.apply(tensor, splits, name, process_set)
     else:
@@ -810,8 +856,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Start a reduce-scatter over dimension 0 (the first rows % size ranks get one row
     more); a handle."""
-    return _reducescatter_start(tensor, _name("reducescatter", name), op, prescale_factor,
-                                postscale_factor, process_set)
+    return _reducescatter_start(tensor, _name("reducescatter", name, process_set), op,
+                                prescale_factor, postscale_factor, process_set)
 
 
 def _reducescatter_grad(grad: torch.Tensor, op, prescale, postscale, process_set):
@@ -839,7 +885,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """tensor reduced over the process set, this rank's share of dimension 0;
     differentiable."""
-    name = _name("reducescatter", name)
+    name = _name("reducescatter", name, process_set)
     compressed, context = compression.compress(tensor)
     if torch.is_grad_enabled() and compressed.requires_grad:
         out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
@@ -853,7 +899,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Start reduce-scatters of a list of tensors; a handle (a list of outputs)."""
-    name = _name("grouped_reducescatter", name)
+    name = _name("grouped_reducescatter", name, process_set)
     started = _start_each(lambda i, t: _reducescatter_start(
         t, f"{name}.{i}", op, prescale_factor, postscale_factor, process_set,
         "grouped_reducescatter"), tensors)
@@ -864,7 +910,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0) -> list:
     """Reduce-scatter of each tensor of a list; differentiable."""
-    name = _name("grouped_reducescatter", name)
+    name = _name("grouped_reducescatter", name, process_set)
     return [reducescatter(t, f"{name}.{i}", compression, op, process_set, prescale_factor,
                           postscale_factor) for i, t in enumerate(tensors)]
 
@@ -880,7 +926,7 @@ def sparse_allreduce_async(tensor, name, op,
     if op not in (Average, Sum):
         raise ValueError(f"fastreduce.horovod: sparse_allreduce_async: op "
                          f"{_OP_NAMES.get(op, op)} is not supported; use hvd.Average or hvd.Sum")
-    name = _name("sparse_allreduce", name)
+    name = _name("sparse_allreduce", name, process_set)
     t = tensor.coalesce()
     parts = {"indices": t.indices().t().contiguous(), "values": t.values().contiguous()}
     indices, values = _start_each(lambda _, part: _allgather_start(
@@ -921,10 +967,10 @@ def join(device=-1) -> int:
         if followed[0] == "joined":
             return followed[1]
         take_part, names = followed
-        for name in names:
-            unnamed = _UNNAMED.match(name)
-            if unnamed:  # unnamed calls stay numbered alike on every rank
-                world.current.unnamed[unnamed[1]] = itertools.count(int(unnamed[2]) + 1)
+        for name in names:  # unnamed calls stay numbered alike on every rank
+            kind, number = world.unnamed_number(name)
+            if kind is not None:
+                world.follow_numbering(comm.py2f(), {kind: number + 1})
         for fields in take_part:
             _take_part(comm, fields, device)
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import warnings
 
 import torch
@@ -158,9 +157,8 @@ class _DistributedOptimizer:
         if not trained:
             return
         # the buckets' names, distinct per optimizer (made in the same order on every rank)
-        made = world.current.unnamed.setdefault(
-            f"DistributedOptimizer.{process_set.process_set_id}", itertools.count())
-        self._hvd_label = f"DistributedOptimizer.{process_set.process_set_id}.{next(made)}"
+        made = world.next_number("DistributedOptimizer", process_set.comm.py2f())
+        self._hvd_label = f"DistributedOptimizer.{made}"
         self._hvd_comm = process_set.comm
         self._hvd_nranks = process_set.size()
         predivide = op == Average and gradient_predivide_factor != 1.0

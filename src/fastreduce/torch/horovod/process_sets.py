@@ -6,7 +6,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from ... import checks, settings
-from .negotiation import agree_call
+from .negotiation import agree_call, forget
 from .world import _the_world
 
 
@@ -153,6 +153,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return False
     del _sets[process_set.process_set_id]
     if process_set.comm is not None:
+        forget(process_set.comm)
         process_set.comm.Free()
     process_set.comm = None
     process_set.process_set_id = None
