@@ -450,6 +450,27 @@ def test_a_request_waits_for_the_others_while_they_run_other_calls(checks):
 
 
 @MORE_THAN_ONE
+def test_poll_alone_makes_progress(checks):
+    """Rank 0 submits 'a' and then only polls it; the others submit 'z' first, then 'a'.
+    Rank 0's polls make the rounds that run 'a' (no other call of rank 0 is needed), and
+    poll() was False at first: 'a' waited for the others."""
+    x = make(rank, (3,), torch.float64, 40)
+    if rank == 0:
+        handles = {"a": hvd.allreduce_async(x, op=hvd.Sum, name="a")}
+        polls = 0
+        while not hvd.poll(handles["a"]):
+            polls += 1
+        checks.check(polls > 0, "poll() was True at once")
+        handles["z"] = hvd.allreduce_async(x, op=hvd.Max, name="z")
+    else:
+        handles = {"z": hvd.allreduce_async(x, op=hvd.Max, name="z"),
+                   "a": hvd.allreduce_async(x, op=hvd.Sum, name="a")}
+    xs = everyone((3,), torch.float64, 40)
+    checks.check(torch.equal(hvd.synchronize(handles["a"]), xs.sum(0)), "'a'")
+    checks.check(torch.equal(hvd.synchronize(handles["z"]), xs.max(0).values), "'z'")
+
+
+@MORE_THAN_ONE
 def test_a_duplicate_name_is_refused_on_its_rank_only(checks):
     """A second request of a name in flight raises ValueError at once on the rank that
     submits it (as Horovod's test_horovod_allreduce_duplicate_name_error has it); the

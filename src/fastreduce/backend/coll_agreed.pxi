@@ -4,7 +4,7 @@
 def agreed_allreduce(x, op, comm, int64_t status, int64_t digest, int64_t[::1] everyone,
                      bint in_place):
     """Send (status, digest) to every rank of comm and gather theirs into `everyone`
-    (MPI_Allgather, 16 bytes a rank); where every rank sent the same, reduce x over comm (in
+    (MPI_Iallgather, 16 bytes a rank); where every rank sent the same, reduce x over comm (in
     place, or into a new tensor) and return the result. None where the ranks sent different
     things (`everyone` holds them); False, before any MPI call, where x or op is refused
     (the caller's own checks then refuse it on every rank)."""
@@ -12,6 +12,7 @@ def agreed_allreduce(x, op, comm, int64_t status, int64_t digest, int64_t[::1] e
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
     cdef int64_t mine[2]
+    cdef MPI_Request exchange = MPI_REQUEST_NULL
     cdef int size = 0, i
     try:
         _owner = _prepare(x, op, comm, in_place, &view, &handle, &red, None)
@@ -25,8 +26,12 @@ def agreed_allreduce(x, op, comm, int64_t status, int64_t digest, int64_t[::1] e
                          f"values; give 2 per rank ({2 * size})")
     mine[0] = status
     mine[1] = digest
+    # non-blocking, as every round's exchange is (poll() makes one that does not wait, and
+    # MPI matches no blocking collective with a non-blocking one)
     with nogil:
-        CHKERR(MPI_Allgather(mine, 2, MPI_INT64_T, &everyone[0], 2, MPI_INT64_T, handle))
+        CHKERR(MPI_Iallgather(mine, 2, MPI_INT64_T, &everyone[0], 2, MPI_INT64_T, handle,
+                              &exchange))
+        CHKERR(MPI_Waitall(1, &exchange, MPI_STATUSES_IGNORE))
     for i in range(size):
         if everyone[2 * i] != status or everyone[2 * i + 1] != digest:
             return None

@@ -78,7 +78,8 @@ cdef extern from "mpicompat.h" nogil:
     int MPI_Op_free(MPI_Op*)
     int MPI_Reduce_local(const void*, void*, int, MPI_Datatype, MPI_Op)
     int MPI_Allreduce(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm)
-    int MPI_Allgather(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm)
+    int MPI_Iallgather(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm,
+                       MPI_Request*)
     int MPI_Iallreduce(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm, MPI_Request*)
     int MPI_Waitall(int, MPI_Request*, MPI_Status*)
     int MPI_Testall(int, MPI_Request*, int*, MPI_Status*)

@@ -109,8 +109,10 @@ def _get(handle: int, what: str) -> _Pending:
 def poll(handle: int) -> bool:
     """Whether the operation of `handle` has completed (synchronize() will not block)."""
     pending = _get(handle, "poll")
-    if pending.requests is None:  # not yet submitted by every rank; or failed
-        return pending.submitted is not None and pending.submitted[1].error is not None
+    if pending.requests is None and pending.submitted is not None:
+        negotiation.progress(*pending.submitted)  # a round that does not wait
+        if pending.requests is None:  # not yet submitted by every rank; or failed
+            return pending.submitted[1].error is not None
     return all(r.test() for r in pending.requests)
 
 

@@ -5,19 +5,19 @@ and the requests pending on every rank run, in the first rank's submission order
 rank alike. Ranks may so submit named requests in different orders.
 
 A rank takes part in a round at each submission and, while it waits for a request
-(a blocking call, synchronize(), join()), in one round after another. The fast path is one
-MPI_Allgather of 16 bytes per rank (a status and a digest of the call's kind, name, dtype,
+(a blocking call, synchronize(), join()), in one round after another; poll() makes a round
+that does not wait. The fast path is one MPI_Iallgather of 16 bytes per rank (a status and a digest of the call's kind, name, dtype,
 shape, op, factors and root): where every rank submitted the same one request, it runs.
 Otherwise the ranks' lists of pending (name, digest) are exchanged: a name whose
 descriptions differ raises on every rank with the differences; a rank's refusal of its
 arguments raises there, and a HorovodMismatch on the ranks that submit that name; ranks
 that have called join() take part in the others' reductions with zeros; where every rank
 waits and nothing can run, every rank's wait raises rather than hang (and the ranks'
-numbering of unnamed calls is set alike again). A rank that shuts
-down (hvd.shutdown(), or the end of its program) sends its last status: ranks still in a
-round on the set learn it there and raise, and every later collective on the set raises
-at once, as Horovod's "has been shut down".
-"""
+numbering of unnamed calls is set alike again). A rank that shuts down (hvd.shutdown(), or
+the end of its program) sends its last status: ranks still in a round on the set learn it
+there and raise, and every later collective on the set raises at once, as Horovod's "has
+been shut down". There is no background thread: a request that another rank has not yet
+submitted runs at this rank's first round after that rank's submission."""
 
 from __future__ import annotations
 
@@ -89,11 +89,12 @@ class Request:
 class _Set:
     """This rank's state on one process set's communicator."""
 
-    __slots__ = ("queue", "refused")
+    __slots__ = ("queue", "refused", "polling")
 
     def __init__(self):
         self.queue: dict[str, Request] = {}  # name -> pending request, in submission order
         self.refused: dict[str, str] = {}    # name -> another rank's refusal of it
+        self.polling = None  # poll()'s round in flight: (MPI request, send, receive buffers)
 
 
 def _set(comm: MPI.Intracomm) -> _Set:
@@ -128,7 +129,9 @@ def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray,
     send, recv = _buffers_of(size)
     send[0] = status
     send[1] = value
-    comm.Allgather(send, recv)
+    # non-blocking and waited for: MPI matches no blocking collective with a non-blocking
+    # one, and poll()'s rounds must not wait
+    comm.Iallgather(send, recv).Wait()
     return recv.reshape(size, 2), recv.tobytes() == send.tobytes() * size
 
 
@@ -138,7 +141,7 @@ def fast_round(comm: MPI.Intracomm, key: tuple, name: str) -> tuple[int, np.ndar
     rank's answers, for a compiled call that exchanges them and runs the collective where
     all are the same (then count_round()). None where the request must be submitted."""
     state = _set(comm)
-    if state.queue or comm.py2f() in _gone:
+    if state.queue or state.polling is not None or comm.py2f() in _gone:
         return None
     return _digest(key, name), _buffers_of(comm.Get_size())[1]
 
@@ -172,6 +175,7 @@ def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], di
     round goes on from there."""
     _raise_if_gone(comm)
     state = _set(comm)
+    _finish_poll(comm, state)
     if error is not None:
         _round(comm, state, None, None, (name, agreement.refusal(error)))
         raise error
@@ -188,9 +192,36 @@ def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], di
     return request  # not blocking, its waiter raises its error (an asynchronous call's handle)
 
 
+def progress(comm: MPI.Intracomm, request: Request) -> None:
+    """poll()'s part for a request that has not run: a round that does not wait. The first
+    call starts its exchange (MPI_Iallgather); a later one, once every rank has reached
+    that round, settles it (the request may run). This rank's next blocking round settles
+    it first."""
+    state = _set(comm)
+    if request.done or comm.py2f() in _gone:
+        return
+    if state.polling is None:
+        send = np.array([LISTED, 0], np.int64)
+        recv = np.empty(2 * comm.Get_size(), np.int64)
+        state.polling = (comm.Iallgather(send, recv), send, recv)
+    elif state.polling[0].Test():
+        _finish_poll(comm, state)
+
+
+def _finish_poll(comm: MPI.Intracomm, state: _Set) -> None:
+    """Complete and settle poll()'s round in flight on comm, if any (before any other)."""
+    polling, state.polling = state.polling, None
+    if polling is not None:
+        polling[0].Wait()
+        _rounds[0] += 1
+        _decide(comm, state, polling[2].reshape(-1, 2), False, LISTED, 0, None, None, None,
+                False)
+
+
 def wait(comm: MPI.Intracomm, request: Request) -> None:
     """Take part in rounds until `request` has run (or failed: its error raised)."""
     state = _set(comm)
+    _finish_poll(comm, state)
     while not request.done:
         _raise_if_gone(comm)
         _round(comm, state, None, request)
@@ -214,13 +245,16 @@ def follow(comm: MPI.Intracomm, first: bool):
     (descriptions of the calls this rank takes part in, with zeros, in order; the names
     the active ranks used up, their unnamed numbering to follow)."""
     _raise_if_gone(comm)
-    return _round(comm, _set(comm), None, None, None, first)
+    state = _set(comm)
+    _finish_poll(comm, state)
+    return _round(comm, state, None, None, None, first)
 
 
 def leave(comm: MPI.Intracomm) -> None:
     """shutdown()'s part, collective with the other ranks' next round on comm: this rank's
     last status. Ranks waiting in a round there raise; ranks shutting down too carry on."""
     if comm.py2f() not in _gone:
+        _finish_poll(comm, _set(comm))
         _exchange(comm, SHUTDOWN, 0)
 
 
@@ -302,6 +336,16 @@ def _round(comm: MPI.Intracomm, state: _Set, fresh: Request | None,
         everyone, alike = _exchange(comm, status, value)
     else:
         everyone, alike = exchanged.reshape(-1, 2), False
+    return _decide(comm, state, everyone, alike, status, value, fresh, waiting, refusal,
+                   joining)
+
+
+def _decide(comm: MPI.Intracomm, state: _Set, everyone: np.ndarray, alike: bool, status: int,
+            value: int, fresh: Request | None, waiting: Request | None, refusal: tuple | None,
+            joining: bool):
+    """A round once its exchange is made: every rank's (status, value) in `everyone`
+    (this rank's own: status, value), `alike` where all are the same."""
+    queue = state.queue
     statuses = everyone[:, 0]
     if alike and status in (ACTIVE, BLOCKING):
         del queue[fresh.name]
