@@ -6,8 +6,9 @@ rank alike. Ranks may so submit named requests in different orders.
 
 A rank takes part in a round at each submission and, while it waits for a request
 (a blocking call, synchronize(), join()), in one round after another; poll() makes a round
-that does not wait. The fast path is one MPI_Iallgather of 16 bytes per rank (a status and a digest of the call's kind, name, dtype,
-shape, op, factors and root): where every rank submitted the same one request, it runs.
+that does not wait. The fast path is one MPI_Iallgather of 16 bytes per rank (a status
+and a digest of the call's kind, name, dtype, shape, op, factors and root): where every
+rank submitted the same one request, it runs.
 Otherwise the ranks' lists of pending (name, digest) are exchanged: a name whose
 descriptions differ raises on every rank with the differences; a rank's refusal of its
 arguments raises there, and a HorovodMismatch on the ranks that submit that name; ranks
@@ -40,6 +41,7 @@ _buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 _gone: dict[int, list[int]] = {}  # comm handle -> the ranks of it that have shut down
 _sets: dict[int, _Set] = {}  # comm handle -> what this rank has pending there
 _rounds = [0]  # the rounds this rank has taken part in, on any set
+_answers: dict[int, np.ndarray] = {}  # comm handle -> the fast path's exchange buffer
 
 
 class HorovodInternalError(FastreduceError, RuntimeError):
@@ -105,7 +107,7 @@ def _set(comm: MPI.Intracomm) -> _Set:
     return state
 
 
-def _digest(key: tuple, name: str) -> int:
+def digest(key: tuple, name: str) -> int:
     """A digest of the call (key: its description but the name), the same on every rank
     (Python's hash() is not)."""
     value = _digests.get(key)
@@ -135,15 +137,19 @@ def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray,
     return recv.reshape(size, 2), recv.tobytes() == send.tobytes() * size
 
 
-def fast_round(comm: MPI.Intracomm, key: tuple, name: str) -> tuple[int, np.ndarray] | None:
-    """Where this rank has nothing pending on comm's set (and no rank of it has shut down):
-    the (status, digest) of a new blocking request (key, name) and the array for every
-    rank's answers, for a compiled call that exchanges them and runs the collective where
-    all are the same (then count_round()). None where the request must be submitted."""
-    state = _set(comm)
-    if state.queue or state.polling is not None or comm.py2f() in _gone:
+def idle(comm: MPI.Intracomm) -> np.ndarray | None:
+    """Where this rank has nothing pending on comm's set (and no rank of it has shut down),
+    the array for every rank's answer to a new blocking request's (BLOCKING, digest()), for
+    a compiled call that exchanges them and runs the collective where all are the same
+    (then count_round()); else None: the request must be submitted."""
+    handle = comm.py2f()
+    state = _sets.get(handle)
+    if state is not None and (state.queue or state.polling is not None) or handle in _gone:
         return None
-    return _digest(key, name), _buffers_of(comm.Get_size())[1]
+    everyone = _answers.get(handle)
+    if everyone is None:
+        everyone = _answers[handle] = _buffers_of(comm.Get_size())[1]
+    return everyone
 
 
 def count_round() -> None:
@@ -184,7 +190,7 @@ def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], di
     refusal = state.refused.pop(name, None)
     if refusal is not None:  # another rank refused it already and will not submit it again
         raise HorovodMismatch(refusal)
-    request = Request(name, _digest(key, name), describe, launch)
+    request = Request(name, digest(key, name), describe, launch)
     state.queue[name] = request
     _round(comm, state, request, request if blocking else None, exchanged=exchanged)
     if blocking:
@@ -263,6 +269,7 @@ def forget(comm: MPI.Intracomm) -> None:
     handle = comm.py2f()
     _sets.pop(handle, None)
     _gone.pop(handle, None)
+    _answers.pop(handle, None)
     world.forget_numbering(handle)
 
 
@@ -270,6 +277,7 @@ def forget_gone() -> None:
     """After shutdown(): the communicators are freed, their handles may come again."""
     _gone.clear()
     _sets.clear()
+    _answers.clear()
 
 
 def _gone_error(comm: MPI.Intracomm, gone: list[int]) -> HorovodInternalError:

@@ -186,30 +186,37 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
 
 _SLOW = object()
 _FAST_OPS = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+_fast_keys: dict = {}  # (dtype, shape, op) -> the call's key (its description but the name)
 
 
-def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place: bool):
+def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place: bool,
+                    named: bool):
     """allreduce / allreduce_ in one compiled call (the ranks' 16-byte exchange, then the
     reduction) where nothing stands in the way: a CPU tensor the core takes as it is, no
     scale factors (hvd.Average of a floating tensor: the core's "avg"), no timeline, nothing
     pending on this rank's set. _SLOW where it does not apply; where the ranks' answers
     differ, the negotiation goes on from them (the core having taken the tensor, the
-    checks of the slow path pass)."""
+    checks of the slow path pass). `named`: the user gave the name (it may be in flight)."""
     comm = process_set.comm if type(process_set) is ProcessSet else None
     opname = _FAST_OPS.get(op) if type(op) is int else None
     if comm is None or opname is None or prescale != 1 or postscale != 1 or \
             type(tensor) is not torch.Tensor or timeline.current() is not None or \
-            (opname == "avg" and not tensor.is_floating_point()) or \
-            handles.in_flight((id(comm), name)):
+            (named and handles.in_flight((id(comm), name))):
         return _SLOW
-    key = ("allreduce", _OP_NAMES[op], (tensor.dtype,), (tensor.shape,), ("cpu",), prescale,
-           postscale)
-    fast = negotiation.fast_round(comm, key, name)
-    if fast is None:
+    everyone = negotiation.idle(comm)
+    if everyone is None:
         return _SLOW
-    digest, everyone = fast
-    out = _core.agreed_allreduce(tensor, opname, comm, negotiation.BLOCKING, digest, everyone,
-                                 in_place)
+    cached = (tensor.dtype, tensor.shape, op)
+    key = _fast_keys.get(cached)
+    if key is None:
+        if opname == "avg" and not tensor.is_floating_point():
+            return _SLOW  # an integer average: a torch multiplication after the sum
+        if len(_fast_keys) > 4096:
+            _fast_keys.clear()
+        key = _fast_keys[cached] = ("allreduce", _OP_NAMES[op], (tensor.dtype,),
+                                    (tensor.shape,), ("cpu",), 1.0, 1.0)
+    out = _core.agreed_allreduce(tensor, opname, comm, negotiation.BLOCKING,
+                                 negotiation.digest(key, name), everyone, in_place)
     if out is None:
         return _allreduce_start([tensor], [tensor if in_place else None], name, op, prescale,
                                 postscale, process_set, "allreduce", True, everyone)[0]
@@ -374,12 +381,13 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """The tensor reduced (default: averaged) over the process set; differentiable."""
-    op = _op_of(op, average, "allreduce")
+    op = Average if op is None and average is None else _op_of(op, average, "allreduce")
+    named = name is not None
     name = _name("allreduce", name, process_set)
     if compression is Compression.none and type(tensor) is torch.Tensor and \
             not (tensor.requires_grad and torch.is_grad_enabled()):
         out = _fast_allreduce(tensor, name, op, prescale_factor, postscale_factor, process_set,
-                              False)
+                              False, named)
         if out is not _SLOW:
             return out
     if compression is Compression.none:
@@ -399,9 +407,11 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduce tensor in place over the process set; returns tensor."""
-    op = _op_of(op, average, "allreduce_")
+    op = Average if op is None and average is None else _op_of(op, average, "allreduce_")
+    named = name is not None
     name = _name("allreduce", name, process_set)
-    out = _fast_allreduce(tensor, name, op, prescale_factor, postscale_factor, process_set, True)
+    out = _fast_allreduce(tensor, name, op, prescale_factor, postscale_factor, process_set, True,
+                          named)
     if out is not _SLOW:
         return out
     return _allreduce_start([tensor], [tensor], name, op, prescale_factor, postscale_factor,
