@@ -471,6 +471,30 @@ def test_poll_alone_makes_progress(checks):
 
 
 @MORE_THAN_ONE
+def test_the_compiled_and_the_general_path_meet(checks):
+    """Rank 0's allreduce takes the layer's general path (its tensor requires grad), the
+    others' the compiled one; the factors are given as ints: the same call on every rank,
+    run alike, and rank 0's gradient flows."""
+    x = make(rank, (3,), torch.float64, 50).requires_grad_(rank == 0)
+    out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=1, postscale_factor=1)
+    checks.check(torch.equal(out.detach(), everyone((3,), torch.float64, 50).sum(0)), "sum")
+    if rank == 0:
+        out.sum().backward()
+        checks.check(x.grad is not None, "no gradient on rank 0")
+    else:
+        hvd.allreduce(torch.ones(3, dtype=torch.float64), op=hvd.Sum)  # rank 0's backward
+
+
+@MORE_THAN_ONE
+def test_shutdown_drops_the_errors_of_handles_never_synchronized(checks, dynamic_sets):
+    """An asynchronous allreduce whose ranks differ (a mismatch kept for its synchronize())
+    is never synchronized: hvd.shutdown() completes without raising it, on every rank."""
+    hvd.allreduce_async(torch.ones(1 + rank), name="never synchronized")
+    checks.run("shutdown", hvd.shutdown)
+    hvd.init(process_sets="dynamic")
+
+
+@MORE_THAN_ONE
 def test_a_duplicate_name_is_refused_on_its_rank_only(checks):
     """A second request of a name in flight raises ValueError at once on the rank that
     submits it (as Horovod's test_horovod_allreduce_duplicate_name_error has it); the

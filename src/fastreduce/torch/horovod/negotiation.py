@@ -153,7 +153,7 @@ def idle(comm: MPI.Intracomm) -> np.ndarray | None:
 
 
 def count_round() -> None:
-    """A round made by a compiled call (fast_round())."""
+    """A round made by a compiled call (after idle())."""
     _rounds[0] += 1
 
 
@@ -177,8 +177,8 @@ def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], di
     blocking, in rounds until it has run. Its Request (launched, pending, or failed: its
     error raised by whoever waits for it). Raises `error` (this rank's refusal of its
     arguments) after telling the other ranks, and, blocking, the request's own error.
-    `exchanged`: every rank's answer to this request's fast_round() (which differ): the
-    round goes on from there."""
+    `exchanged`: every rank's answer to this request's compiled exchange (idle()), which
+    differ: the round goes on from there."""
     _raise_if_gone(comm)
     state = _set(comm)
     _finish_poll(comm, state)
@@ -327,7 +327,7 @@ def _round(comm: MPI.Intracomm, state: _Set, fresh: Request | None,
     """One round (collective over comm): runs or fails the requests it settles. `fresh`:
     the request just submitted; `waiting`: the one this rank waits for; `refusal`: (name,
     why) this rank refuses; `first` (join() only: whether this is its first round);
-    `exchanged`: the exchange of this round made already (fast_round()). For join(),
+    `exchanged`: the exchange of this round made already (idle()). For join(),
     follow()'s result."""
     joining = first is not None
     queue = state.queue

@@ -159,14 +159,14 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
     whose result is the outputs (a list); blocking, the outputs once reduced."""
     comm = _set_comm(process_set, kind)
     began = timeline.now()
-    def key_of():
+    def key_of():  # the factors as floats: 1 and 1.0 are the same call (and the fast path's)
         if len(tensors) == 1:
             t = tensors[0]
             return (kind, _OP_NAMES.get(op, op), (t.dtype,), (t.shape,), (t.device.type,),
-                    prescale, postscale)
+                    float(prescale), float(postscale))
         return (kind, _OP_NAMES.get(op, op), tuple(t.dtype for t in tensors),
                 tuple(t.shape for t in tensors), tuple(t.device.type for t in tensors),
-                prescale, postscale)
+                float(prescale), float(postscale))
 
     def validate():
         if isinstance(op, Exception):
