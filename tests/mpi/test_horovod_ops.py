@@ -504,6 +504,9 @@ def test_a_duplicate_name_is_refused_on_its_rank_only(checks):
     if rank == 0:
         handle = hvd.allreduce_async(x, op=hvd.Sum, name="twice")
         checks.expect(ValueError, ["'twice'", "in flight"], duplicate)
+        # refused arguments too: still this rank's own mistake, the first request goes on
+        checks.expect(ValueError, ["'twice'", "in flight"],
+                      lambda: hvd.allreduce_async(x, op=17, name="twice"))
     hvd.barrier()
     if rank:
         handle = hvd.allreduce_async(x, op=hvd.Sum, name="twice")
@@ -543,6 +546,58 @@ def test_unnamed_calls_are_numbered_per_process_set(checks, dynamic_sets):
     checks.check(hvd.allreduce(torch.ones(1), op=hvd.Sum).tolist() == [size], "global after")
     hvd.remove_process_set(evens)
     hvd.remove_process_set(odds)
+
+
+@MORE_THAN_ONE
+def test_a_name_refused_earlier_is_refused_at_once_later(checks):
+    """While rank 0 waits in 'w', the others refuse their 'x'; rank 0's later 'x' raises
+    HorovodMismatch at once, without an exchange the others would wait in, and the next
+    calls match."""
+    x = torch.ones(2)
+    if rank == 0:
+        got = hvd.allreduce(x, op=hvd.Sum, name="w")
+        checks.expect(hvd.HorovodMismatch, ["refused", "'x'"],
+                      lambda: hvd.allreduce(x, op=hvd.Sum, name="x"))
+    else:
+        checks.expect(ValueError, ["op 17"], lambda: hvd.allreduce(x, op=17, name="x"))
+        got = hvd.allreduce(x, op=hvd.Sum, name="w")
+    checks.check(got.tolist() == [size] * 2, "'w'")
+    checks.check(hvd.allreduce(x, op=hvd.Sum, name="y").tolist() == [size] * 2, "'y' after")
+
+
+@MORE_THAN_ONE
+def test_join_lets_the_ranks_own_requests_run_with_its_data(checks, dynamic_sets):
+    """Rank 0 submits 'a' and joins before the others have submitted it; they submit 'b'
+    first, then 'a'. 'a' runs with rank 0's data (join() first waits for the rank's own
+    requests), 'b' with zeros from rank 0, which has joined by then."""
+    x = make(rank, (4,), torch.float64, 60)
+    xs = everyone((4,), torch.float64, 60)
+    if rank == 0:
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="a")
+        hvd.join()
+        checks.check(torch.equal(hvd.synchronize(handle), xs.sum(0)), "'a' on rank 0")
+    else:
+        b = hvd.allreduce_async(x * 2, op=hvd.Sum, name="b")
+        a = hvd.allreduce_async(x, op=hvd.Sum, name="a")
+        checks.check(torch.equal(hvd.synchronize(a), xs.sum(0)), "'a'")
+        checks.check(torch.equal(hvd.synchronize(b), xs[1:].sum(0) * 2), "'b'")
+        hvd.join()
+
+
+@pytest.mark.mpi(ranks=(3, 4))
+def test_shutdown_with_a_request_pending_on_another_set(checks, dynamic_sets):
+    """Rank 0 has a request on the set of ranks 0 and 1 that rank 1 never submits (it
+    refused its own call there): shutdown() leaves the global set first on every rank, so
+    rank 0's wait on the other set learns that rank 1 shut down, instead of waiting on it
+    while rank 1 waits on the global set."""
+    pair = hvd.add_process_set([0, 1])
+    if rank == 0:
+        hvd.allreduce_async(torch.ones(1), name="never", process_set=pair)
+    elif rank == 1:
+        checks.expect(ValueError, ["op 17"], lambda: hvd.allreduce_async(
+            torch.ones(1), name="bad", op=17, process_set=pair))
+    checks.run("shutdown", hvd.shutdown)
+    hvd.init(process_sets="dynamic")
 
 
 @MORE_THAN_ONE

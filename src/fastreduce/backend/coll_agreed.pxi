@@ -4,10 +4,10 @@
 def agreed_allreduce(x, op, comm, int64_t status, int64_t digest, int64_t[::1] everyone,
                      bint in_place):
     """Send (status, digest) to every rank of comm and gather theirs into `everyone`
-    (MPI_Iallgather, 16 bytes a rank); where every rank sent the same, reduce x over comm (in
-    place, or into a new tensor) and return the result. None where the ranks sent different
-    things (`everyone` holds them); False, before any MPI call, where x or op is refused
-    (the caller's own checks then refuse it on every rank)."""
+    (MPI_Iallgather, 16 bytes a rank); where every rank sent the same, reduce x over comm
+    (in place, or in place on a new copy) and return the result. None where the ranks sent
+    different things (`everyone` holds them); False, before any MPI call, where x or op is
+    refused (the caller's own checks then refuse it on every rank)."""
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
@@ -40,6 +40,9 @@ def agreed_allreduce(x, op, comm, int64_t status, int64_t digest, int64_t[::1] e
     if in_place:
         _blocking(&view, &view, MPI_IN_PLACE, red, handle, comm, "allreduce_")
         return x
+    # in place on a copy, as the layer's other path reduces: MPI wants MPI_IN_PLACE on
+    # every rank of a call or on none
     out = new_like(x, &view, &result)
-    _blocking(&view, &result, view.data, red, handle, comm, "allreduce")
+    memcpy(result.data, view.data, view.count * red.itemsize)
+    _blocking(&result, &result, MPI_IN_PLACE, red, handle, comm, "allreduce_")
     return out

@@ -67,9 +67,10 @@ def shutdown() -> None:
     if world.current is None:
         return
     handles._finish_all()
-    timeline.stop_timeline()
     for ps in _process_sets._members():
+        handles._finish_all(ps.comm)
         negotiation.leave(ps.comm)
+    timeline.stop_timeline()
     _process_sets._stop()
     negotiation.forget_gone()
     world.current.free()

@@ -148,12 +148,16 @@ def synchronize(handle: int):
         timeline.end(pending.event)
 
 
-def _finish_all() -> None:
-    """At shutdown: the operations never synchronized are completed; their errors (a
-    mismatch, ranks that shut down first) are dropped, as Horovod's shutdown drops them:
-    no caller waits for them."""
-    for handle in list(_pending):
-        try:
-            synchronize(handle)
-        except Exception:  # noqa: BLE001, S110  (see above)
-            pass
+def _finish_all(comm=None) -> None:
+    """At shutdown: the operations never synchronized are completed, those started first
+    (comm None), then those still to be matched on comm's set (shutdown() takes the sets
+    in the order in which it leaves them, so that no rank waits on one set for a rank that
+    waits on another). Their errors (a mismatch, ranks that shut down first) are dropped,
+    as Horovod's shutdown drops them: no caller waits for them."""
+    for handle, pending in list(_pending.items()):
+        if (pending.submitted is None) if comm is None else \
+                (pending.submitted is not None and pending.submitted[0] == comm):
+            try:
+                synchronize(handle)
+            except Exception:  # noqa: BLE001, S110  (see above)
+                pass

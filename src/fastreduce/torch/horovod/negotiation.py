@@ -117,7 +117,8 @@ def digest(key: tuple, name: str) -> int:
         value = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(),
                                "little")
         _digests[key] = value
-    return (value ^ zlib.crc32(name.encode()) * 0x9E3779B1) & _MASK
+    text = name.encode()  # two 32-bit checksums: names that collide in both are far rarer
+    return (value ^ (zlib.crc32(text) | zlib.adler32(text) << 32) * 0x9E3779B1) & _MASK
 
 
 def _buffers_of(size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,14 +138,16 @@ def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray,
     return recv.reshape(size, 2), recv.tobytes() == send.tobytes() * size
 
 
-def idle(comm: MPI.Intracomm) -> np.ndarray | None:
-    """Where this rank has nothing pending on comm's set (and no rank of it has shut down),
-    the array for every rank's answer to a new blocking request's (BLOCKING, digest()), for
-    a compiled call that exchanges them and runs the collective where all are the same
-    (then count_round()); else None: the request must be submitted."""
+def idle(comm: MPI.Intracomm, name: str) -> np.ndarray | None:
+    """Where this rank has nothing pending on comm's set (no rank of it has shut down, no
+    rank refused `name`), the array for every rank's answer to a new blocking request's
+    (BLOCKING, digest()), for a compiled call that exchanges them and runs the collective
+    where all are the same (then count_round()); else None: the request must be submitted
+    (submit() raises what is to be raised before any exchange)."""
     handle = comm.py2f()
     state = _sets.get(handle)
-    if state is not None and (state.queue or state.polling is not None) or handle in _gone:
+    if state is not None and (state.queue or state.polling is not None or
+                              name in state.refused) or handle in _gone:
         return None
     everyone = _answers.get(handle)
     if everyone is None:
@@ -162,10 +165,10 @@ def rounds() -> int:
     return _rounds[0]
 
 
-def in_flight_error(call: str, name: str) -> ValueError:
+def in_flight_error(name: str) -> ValueError:
     """A second request of a name in flight: this rank's own mistake, as in Horovod, raised
     there at once (the other ranks are not told)."""
-    return ValueError(f"fastreduce.horovod: a {call} named {name!r} is in flight already; "
+    return ValueError(f"fastreduce.horovod: a request named {name!r} is in flight already; "
                       f"synchronize it first or give another name")
 
 
@@ -182,11 +185,11 @@ def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], di
     _raise_if_gone(comm)
     state = _set(comm)
     _finish_poll(comm, state)
+    if name in state.queue:  # this rank's own mistake: the others are not told
+        raise in_flight_error(name)
     if error is not None:
         _round(comm, state, None, None, (name, agreement.refusal(error)))
         raise error
-    if name in state.queue:
-        raise in_flight_error(key[0], name)
     refusal = state.refused.pop(name, None)
     if refusal is not None:  # another rank refused it already and will not submit it again
         raise HorovodMismatch(refusal)
@@ -244,6 +247,23 @@ def agree_call(comm: MPI.Intracomm, call: str, fields: dict,
     key = (call, *(repr(v) for v in fields.values()))
     submit(comm, key, call, lambda: {"call": call, "name": call, **fields}, lambda _: None,
            error, blocking=True)
+
+
+def drain(comm: MPI.Intracomm) -> None:
+    """Take part in rounds until this rank has nothing pending on comm's set (join() first
+    lets its own requests run with its own data). Their errors are their handles'."""
+    state = _set(comm)
+    _finish_poll(comm, state)
+    while state.queue:
+        _raise_if_gone(comm)
+        _round(comm, state, None, next(iter(state.queue.values())))
+
+
+def settle_poll(comm: MPI.Intracomm) -> None:
+    """Settle poll()'s round in flight on comm's set, if any (before the set is removed)."""
+    state = _sets.get(comm.py2f())
+    if state is not None:
+        _finish_poll(comm, state)
 
 
 def follow(comm: MPI.Intracomm, first: bool):

@@ -112,14 +112,15 @@ def _submit(comm, key_of, names: tuple, name: str, validate, launch, blocking: b
     launch(everyone_blocking) starts it once every rank has submitted it: its result where
     every rank waits for it at once, else a handle. `exchanged`: the ranks' answers to the
     fast path's exchange, which differed (_fast_allreduce)."""
+    if exchanged is None and handles.in_flight((id(comm), name)):
+        # this rank's own mistake, whatever its arguments: the others are not told
+        raise negotiation.in_flight_error(name)
     error, key = None, ("invalid",)
     try:
         validate()
         key = key_of()
     except (TypeError, ValueError, BufferError, AttributeError) as exc:
         error, names = exc, ()
-    if error is None and handles.in_flight((id(comm), name)):
-        raise negotiation.in_flight_error(key[0], name)
 
     def describe() -> dict:
         return {"call": key[0], "name": name, **dict(zip(names, key[1:], strict=True))}
@@ -203,7 +204,7 @@ def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place
             type(tensor) is not torch.Tensor or timeline.current() is not None or \
             (named and handles.in_flight((id(comm), name))):
         return _SLOW
-    everyone = negotiation.idle(comm)
+    everyone = negotiation.idle(comm, name)
     if everyone is None:
         return _SLOW
     cached = (tensor.dtype, tensor.shape, op)
@@ -338,11 +339,16 @@ class _Submitted:
         self.submitted.result.wait()
 
     def add_done_callback(self, fn) -> None:
+        def launched(submitted) -> None:
+            if submitted.error is not None:
+                fn(self)  # done: wait() raises the error
+            else:
+                submitted.result.add_done_callback(lambda _: fn(self))
+
         if self.submitted.done:
-            self.submitted.result.add_done_callback(lambda _: fn(self))
+            launched(self.submitted)
         else:
-            self.submitted.callbacks.append(
-                lambda s: s.error is None and s.result.add_done_callback(lambda _: fn(self)))
+            self.submitted.callbacks.append(launched)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -693,8 +699,8 @@ def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadca
             output.copy_(host)
         return output
 
-    return _submit(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape), root_rank,
-                                  tensor.device.type),
+    return _submit(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape),
+                                  int(root_rank), tensor.device.type),
                    ("dtype", "shape", "root rank", "device"), name, validate,
                    _movement(kind, name, comm, began, run, output), blocking)
 
@@ -857,7 +863,8 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
         return out.to(tensor.device)
 
     return _submit(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape),
-                                  _OP_NAMES.get(op, op), prescale, postscale, tensor.device.type),
+                                  _OP_NAMES.get(op, op), float(prescale), float(postscale),
+                                  tensor.device.type),
                    ("dtype", "shape", "op", "prescale", "postscale", "device"), name, validate,
                    _movement(kind, name, comm, began, run, tensor), blocking)
 
@@ -970,6 +977,7 @@ def join(device=-1) -> int:
     Zeros go where the others' tensors are: the CPU, or CUDA device `device` (-1: the
     current one). Collectives on other process sets are not joined."""
     comm = _set_comm(global_process_set, "join")
+    negotiation.drain(comm)  # this rank's own requests run with its data, not zeros
     first = True
     while True:
         followed = negotiation.follow(comm, first)

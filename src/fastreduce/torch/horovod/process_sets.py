@@ -6,7 +6,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from ... import checks, settings
-from .negotiation import agree_call, forget
+from .negotiation import agree_call, forget, settle_poll
 from .world import _the_world
 
 
@@ -148,6 +148,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if process_set is global_process_set:
         raise ValueError("fastreduce.horovod: the global process set cannot be removed")
     known = process_set.process_set_id in _sets
+    if process_set.comm is not None:  # the set's last round settled before it goes
+        settle_poll(process_set.comm)
     agree_call(world, "hvd.remove_process_set", {"process set": process_set.process_set_id})
     if not known:
         return False
