@@ -110,6 +110,11 @@ def _set(comm: MPI.Intracomm) -> _Set:
 def digest(key: tuple, name: str) -> int:
     """A digest of the call (key: its description but the name), the same on every rank
     (Python's hash() is not)."""
+    return named_digest(key_digest(key), name)
+
+
+def key_digest(key: tuple) -> int:
+    """The part of digest() that comes from the key (cached: a caller may keep it)."""
     value = _digests.get(key)
     if value is None:
         if len(_digests) > 4096:
@@ -117,6 +122,11 @@ def digest(key: tuple, name: str) -> int:
         value = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(),
                                "little")
         _digests[key] = value
+    return value
+
+
+def named_digest(value: int, name: str) -> int:
+    """digest() from key_digest()'s value and the name."""
     text = name.encode()  # two 32-bit checksums: names that collide in both are far rarer
     return (value ^ (zlib.crc32(text) | zlib.adler32(text) << 32) * 0x9E3779B1) & _MASK
 

@@ -187,7 +187,7 @@ def _allreduce_start(tensors, outputs, name, op, prescale, postscale, process_se
 
 _SLOW = object()
 _FAST_OPS = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
-_fast_keys: dict = {}  # (dtype, shape, op) -> the call's key (its description but the name)
+_fast_keys: dict = {}  # (dtype, shape, op) -> the key_digest() of the call's key
 
 
 def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place: bool,
@@ -208,16 +208,16 @@ def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place
     if everyone is None:
         return _SLOW
     cached = (tensor.dtype, tensor.shape, op)
-    key = _fast_keys.get(cached)
-    if key is None:
+    keyed = _fast_keys.get(cached)
+    if keyed is None:
         if opname == "avg" and not tensor.is_floating_point():
             return _SLOW  # an integer average: a torch multiplication after the sum
         if len(_fast_keys) > 4096:
             _fast_keys.clear()
-        key = _fast_keys[cached] = ("allreduce", _OP_NAMES[op], (tensor.dtype,),
-                                    (tensor.shape,), ("cpu",), 1.0, 1.0)
+        keyed = _fast_keys[cached] = negotiation.key_digest(
+            ("allreduce", _OP_NAMES[op], (tensor.dtype,), (tensor.shape,), ("cpu",), 1.0, 1.0))
     out = _core.agreed_allreduce(tensor, opname, comm, negotiation.BLOCKING,
-                                 negotiation.digest(key, name), everyone, in_place)
+                                 negotiation.named_digest(keyed, name), everyone, in_place)
     if out is None:
         return _allreduce_start([tensor], [tensor if in_place else None], name, op, prescale,
                                 postscale, process_set, "allreduce", True, everyone)[0]
