@@ -57,6 +57,15 @@ default_paths=0
 if [ "${#single[@]}" -eq 0 ] && [ "${#multi[@]}" -eq 0 ]; then default_paths=1; fi
 timings=()
 
+# Each venv holds torch (the CPU build: 1.3 GB; the minimum versions' torch 2.4.0 is a CUDA
+# build: 5 GB): a full run needs about 10 GB. Say so first, so that a set-up that fails for
+# want of room is read as that.
+free_gb=$(df -Pk "$root" | awk 'NR == 2 {print int($4 / 1048576)}')
+echo "=== ${free_gb} GB free where the venvs go ($root); a full run needs about 10 ==="
+if [ "${free_gb:-0}" -lt 10 ]; then
+  echo "=== warning: the venvs may not fit: free some room (old clones, build folders) ===" >&2
+fi
+
 # run NAME COMMAND...: one pass, timed; exit 5 (nothing selected) is a failure unless the
 # arguments select.
 run() {
