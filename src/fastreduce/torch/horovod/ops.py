@@ -505,7 +505,8 @@ def _buffer(t: torch.Tensor):
         else MPI.buffer(bytearray(0))
 
 
-def _done(kind, name, comm, result, event) -> int:
+def _done(name, comm, result, event) -> int:
+    """A handle for an operation complete already (its result)."""
     return handles.start([], lambda: result, (id(comm), name), event)
 
 
@@ -525,28 +526,31 @@ class _JobRequest:
 
 
 def _movement(kind, name, comm, began, run, tensor):
-    """launch() for a collective's data movement run(comm): at once where every rank waits
-    for it (its result), else a handle (_complete)."""
+    """launch() for a collective's data movement run(comm): run at once where every rank
+    waits for it (its result), else a handle (_handle)."""
     def launch(everyone_blocking: bool):
         event = timeline.begin(kind, name, began)
-        handle = _complete(kind, name, comm, run, event, not everyone_blocking, tensor)
-        return synchronize(handle) if everyone_blocking else handle
+        if not everyone_blocking:
+            return _handle(name, comm, run, event, tensor)
+        try:
+            return run(comm)
+        finally:
+            timeline.end(event)
 
     return launch
 
 
-def _complete(kind, name, comm, run, event, background: bool, tensor) -> int:
+def _handle(name, comm, run, event, tensor) -> int:
     """A handle for run(comm), the collective's data movement, every rank having submitted
-    it. In the background (unless every rank waits for it at once; a CPU tensor, the
-    progress engine on): on the engine's thread and its duplicate of comm, in submission
-    order on every rank, so poll() is False until it is done. Else at once (a CUDA tensor's
-    copies stay on the caller's stream)."""
-    if background and tensor.device.type == "cpu" and _engine.state()[0]:
+    it. For a CPU tensor with the progress engine on, it runs on the engine's thread and
+    its duplicate of comm, in submission order on every rank, so poll() is False until it
+    is done; else at once (a CUDA tensor's copies stay on the caller's stream)."""
+    if tensor.device.type == "cpu" and _engine.state()[0]:
         dup = _core.engine_comm(comm)
         box: list = []
         job = _engine.submit_call(lambda: box.append(run(dup)))
         return handles.start([_JobRequest(job)], lambda: box[0], (id(comm), name), event)
-    return _done(kind, name, comm, run(comm), event)
+    return _done(name, comm, run(comm), event)
 
 
 def _allgather_now(comm, tensor, rows_everywhere=None):
@@ -964,7 +968,7 @@ def barrier(process_set=global_process_set) -> None:
 
     def launch(everyone_blocking: bool):
         comm.Barrier()  # at once on every rank, in the round that runs it
-        return None if everyone_blocking else _done("barrier", "barrier", comm, None, None)
+        return None if everyone_blocking else _done("barrier", comm, None, None)
 
     _submit(comm, lambda: ("barrier",), (), "barrier", lambda: None, launch, blocking=True)
 
