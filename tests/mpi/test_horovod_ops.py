@@ -450,6 +450,47 @@ def test_a_request_waits_for_the_others_while_they_run_other_calls(checks):
 
 
 @MORE_THAN_ONE
+def test_an_asynchronous_call_does_not_wait_for_the_others(checks):
+    """Rank 0 submits 'early' and then meets the others in an MPI barrier of its own; they
+    submit 'early' only after that barrier. An asynchronous call does not wait for the
+    other ranks (as Horovod's, whose background thread negotiates): where it waited for
+    them to reach a round, rank 0 stayed in it while they waited in the barrier."""
+    x = make(rank, (4,), torch.float64, 35)
+    if rank == 0:
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name="early")
+    WORLD.Barrier()
+    if rank == 0:
+        got = hvd.synchronize(handle)
+    else:
+        got = hvd.allreduce(x, op=hvd.Sum, name="early")
+    checks.check(torch.equal(got, everyone((4,), torch.float64, 35).sum(0)), "'early'")
+
+
+@pytest.mark.mpi(ranks=(3, 4))
+def test_asynchronous_calls_on_two_sets_in_opposite_orders(checks, dynamic_sets):
+    """Ranks 0 and 1 submit on the global set and on the set of both in opposite orders,
+    asynchronously, then rank 1 meets rank 0 in an MPI barrier on the pair's communicator
+    while the others make a blocking call: the rounds that do not wait are finished in
+    the same order of sets on every rank, so none waits in one set for a rank in the
+    other."""
+    pair = hvd.add_process_set([0, 1])
+    x = make(rank, (2,), torch.float64, 36)
+    if rank < 2:
+        calls = {"g": lambda: hvd.allreduce_async(x, op=hvd.Sum, name="g"),
+                 "p": lambda: hvd.allreduce_async(x, op=hvd.Max, name="p", process_set=pair)}
+        got = {name: calls[name]() for name in ("gp" if rank == 0 else "pg")}
+        pair.comm.Barrier()
+        got = {name: hvd.synchronize(h) for name, h in sorted(got.items())}
+        xs = everyone((2,), torch.float64, 36)
+        checks.check(torch.equal(got["p"], xs[:2].max(0).values), f"'p' {got['p']}")
+    else:
+        got = {"g": hvd.allreduce(x, op=hvd.Sum, name="g")}
+        xs = everyone((2,), torch.float64, 36)
+    checks.check(torch.equal(got["g"], xs.sum(0)), f"'g' {got['g']}")
+    hvd.remove_process_set(pair)
+
+
+@MORE_THAN_ONE
 def test_poll_alone_makes_progress(checks):
     """Rank 0 submits 'a' and then only polls it; the others submit 'z' first, then 'a'.
     Rank 0's polls make the rounds that run 'a' (no other call of rank 0 is needed), and

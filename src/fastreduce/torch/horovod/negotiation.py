@@ -42,6 +42,8 @@ _gone: dict[int, list[int]] = {}  # comm handle -> the ranks of it that have shu
 _sets: dict[int, _Set] = {}  # comm handle -> what this rank has pending there
 _rounds = [0]  # the rounds this rank has taken part in, on any set
 _answers: dict[int, np.ndarray] = {}  # comm handle -> the fast path's exchange buffer
+_world: list = [None]  # the group of init()'s world, until shutdown()
+_polls = [0]  # the sets with a round in flight that does not wait
 
 
 class HorovodInternalError(FastreduceError, RuntimeError):
@@ -91,20 +93,35 @@ class Request:
 class _Set:
     """This rank's state on one process set's communicator."""
 
-    __slots__ = ("queue", "refused", "polling")
+    __slots__ = ("comm", "order", "queue", "refused", "polling")
 
-    def __init__(self):
+    def __init__(self, comm: MPI.Intracomm):
+        self.comm = comm
+        # the set's ranks in the world: the same order of sets on every rank (_finish_polls)
+        group = comm.Get_group()
+        ranks = list(range(group.Get_size()))
+        self.order = tuple(ranks if world.current is None else
+                           group.Translate_ranks(ranks, _world_group()))
+        group.Free()
         self.queue: dict[str, Request] = {}  # name -> pending request, in submission order
         self.refused: dict[str, str] = {}    # name -> another rank's refusal of it
-        self.polling = None  # poll()'s round in flight: (MPI request, send, receive buffers)
+        # a round in flight that does not wait (an asynchronous submission's, or poll()'s):
+        # (MPI request, send and receive buffers, the one request it offers or None)
+        self.polling = None
 
 
 def _set(comm: MPI.Intracomm) -> _Set:
     handle = comm.py2f()
     state = _sets.get(handle)
     if state is None:
-        state = _sets[handle] = _Set()
+        state = _sets[handle] = _Set(comm)
     return state
+
+
+def _world_group() -> MPI.Group:
+    if _world[0] is None:
+        _world[0] = world.current.comm.Get_group()
+    return _world[0]
 
 
 def digest(key: tuple, name: str) -> int:
@@ -156,8 +173,8 @@ def idle(comm: MPI.Intracomm, name: str) -> np.ndarray | None:
     (submit() raises what is to be raised before any exchange)."""
     handle = comm.py2f()
     state = _sets.get(handle)
-    if state is not None and (state.queue or state.polling is not None or
-                              name in state.refused) or handle in _gone:
+    if state is not None and (state.queue or name in state.refused) or handle in _gone or \
+            _polls[0]:
         return None
     everyone = _answers.get(handle)
     if everyone is None:
@@ -194,7 +211,8 @@ def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], di
     differ: the round goes on from there."""
     _raise_if_gone(comm)
     state = _set(comm)
-    _finish_poll(comm, state)
+    if blocking or error is not None:  # before this rank's requests are listed again
+        _finish_polls()
     if name in state.queue:  # this rank's own mistake: the others are not told
         raise in_flight_error(name)
     if error is not None:
@@ -205,42 +223,80 @@ def submit(comm: MPI.Intracomm, key: tuple, name: str, describe: Callable[[], di
         raise HorovodMismatch(refusal)
     request = Request(name, digest(key, name), describe, launch)
     state.queue[name] = request
-    _round(comm, state, request, request if blocking else None, exchanged=exchanged)
-    if blocking:
-        wait(comm, request)
-    return request  # not blocking, its waiter raises its error (an asynchronous call's handle)
+    if not blocking:  # its waiter raises its error (an asynchronous call's handle)
+        _advance(comm, state, False)
+        return request
+    _round(comm, state, request, request, exchanged=exchanged)
+    wait(comm, request)
+    return request
 
 
 def progress(comm: MPI.Intracomm, request: Request) -> None:
-    """poll()'s part for a request that has not run: a round that does not wait. The first
-    call starts its exchange (MPI_Iallgather); a later one, once every rank has reached
-    that round, settles it (the request may run). This rank's next blocking round settles
-    it first."""
-    state = _set(comm)
-    if request.done or comm.py2f() in _gone:
-        return
-    if state.polling is None:
-        send = np.array([LISTED, 0], np.int64)
-        recv = np.empty(2 * comm.Get_size(), np.int64)
-        state.polling = (comm.Iallgather(send, recv), send, recv)
-    elif state.polling[0].Test():
+    """poll()'s part for a request that has not run: a round that does not wait."""
+    if not request.done:
+        _advance(comm, _set(comm), True)
+
+
+def _advance(comm: MPI.Intracomm, state: _Set, settle: bool) -> None:
+    """A round that does not wait, for the requests not yet run (at an asynchronous
+    submission; at poll(), `settle`): where such a round is in flight on the set and every
+    rank has reached it, it is decided (requests may run) where that needs no more
+    communication, or `settle`; then, requests still pending, a new one is started
+    (MPI_Iallgather). So an asynchronous call never waits for the other ranks: the rank's
+    next call that waits (a blocking call, synchronize(), join(), shutdown()) first
+    finishes every such round of every set (_finish_polls)."""
+    if state.polling is not None:
+        exchange, send, recv, offered = state.polling
+        if not exchange.Test() or not (settle or _decided_alone(recv, send)):
+            return
         _finish_poll(comm, state)
+    if not state.queue or comm.py2f() in _gone:
+        return
+    # offer the oldest request pending: where every rank offers the same (ranks that submit
+    # in one order), it runs without the lists' exchange, one request a round
+    offered = next(iter(state.queue.values()))
+    send = np.array([ACTIVE, offered.digest], np.int64)
+    recv = np.empty(2 * comm.Get_size(), np.int64)
+    state.polling = (comm.Iallgather(send, recv), send, recv, offered)
+    _polls[0] += 1
+
+
+def _decided_alone(recv: np.ndarray, send: np.ndarray) -> bool:
+    """Whether a round's answers decide it without the lists' exchange (_decide): every
+    rank offered the same one request, or some rank shut down (the round raises)."""
+    statuses, values = recv[0::2], recv[1::2]
+    return bool(send[0] in (ACTIVE, BLOCKING) and
+                ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and
+                (values == send[1]).all() or (statuses == SHUTDOWN).any())
+
+
+def _finish_polls() -> None:
+    """Finish every round in flight that does not wait, on every set, in the same order of
+    sets on every rank (so that no two ranks each wait in one set for the other): before
+    any round that waits, as an asynchronous submission's round would have been finished
+    before the rank's next call that waits."""
+    pending = [state for state in _sets.values() if state.polling is not None]
+    for state in sorted(pending, key=lambda st: st.order):
+        _finish_poll(state.comm, state)
 
 
 def _finish_poll(comm: MPI.Intracomm, state: _Set) -> None:
-    """Complete and settle poll()'s round in flight on comm, if any (before any other)."""
+    """Complete and settle the round in flight on comm that did not wait, if any (before
+    any other)."""
     polling, state.polling = state.polling, None
     if polling is not None:
-        polling[0].Wait()
+        _polls[0] -= 1
+        exchange, send, recv, offered = polling
+        exchange.Wait()
         _rounds[0] += 1
-        _decide(comm, state, polling[2].reshape(-1, 2), False, LISTED, 0, None, None, None,
-                False)
+        _decide(comm, state, recv.reshape(-1, 2), recv.tobytes() == send.tobytes() *
+                (recv.size // 2), int(send[0]), int(send[1]), offered, None, None, False)
 
 
 def wait(comm: MPI.Intracomm, request: Request) -> None:
     """Take part in rounds until `request` has run (or failed: its error raised)."""
     state = _set(comm)
-    _finish_poll(comm, state)
+    _finish_polls()
     while not request.done:
         _raise_if_gone(comm)
         _round(comm, state, None, request)
@@ -263,17 +319,15 @@ def drain(comm: MPI.Intracomm) -> None:
     """Take part in rounds until this rank has nothing pending on comm's set (join() first
     lets its own requests run with its own data). Their errors are their handles'."""
     state = _set(comm)
-    _finish_poll(comm, state)
+    _finish_polls()
     while state.queue:
         _raise_if_gone(comm)
         _round(comm, state, None, next(iter(state.queue.values())))
 
 
 def settle_poll(comm: MPI.Intracomm) -> None:
-    """Settle poll()'s round in flight on comm's set, if any (before the set is removed)."""
-    state = _sets.get(comm.py2f())
-    if state is not None:
-        _finish_poll(comm, state)
+    """Finish the rounds in flight that do not wait (before comm's set is removed)."""
+    _finish_polls()
 
 
 def follow(comm: MPI.Intracomm, first: bool):
@@ -282,7 +336,7 @@ def follow(comm: MPI.Intracomm, first: bool):
     the active ranks used up, their unnamed numbering to follow)."""
     _raise_if_gone(comm)
     state = _set(comm)
-    _finish_poll(comm, state)
+    _finish_polls()
     return _round(comm, state, None, None, None, first)
 
 
@@ -290,14 +344,17 @@ def leave(comm: MPI.Intracomm) -> None:
     """shutdown()'s part, collective with the other ranks' next round on comm: this rank's
     last status. Ranks waiting in a round there raise; ranks shutting down too carry on."""
     if comm.py2f() not in _gone:
-        _finish_poll(comm, _set(comm))
+        _finish_polls()
         _exchange(comm, SHUTDOWN, 0)
 
 
 def forget(comm: MPI.Intracomm) -> None:
     """comm's process set is removed: its state here goes (the handle may come again)."""
     handle = comm.py2f()
-    _sets.pop(handle, None)
+    state = _sets.pop(handle, None)
+    if state is not None and state.polling is not None:  # settled first (settle_poll)
+        state.polling = None
+        _polls[0] -= 1
     _gone.pop(handle, None)
     _answers.pop(handle, None)
     world.forget_numbering(handle)
@@ -307,7 +364,11 @@ def forget_gone() -> None:
     """After shutdown(): the communicators are freed, their handles may come again."""
     _gone.clear()
     _sets.clear()
+    _polls[0] = 0
     _answers.clear()
+    if _world[0] is not None:
+        _world[0].Free()
+        _world[0] = None
 
 
 def _gone_error(comm: MPI.Intracomm, gone: list[int]) -> HorovodInternalError:
