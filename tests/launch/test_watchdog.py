@@ -29,11 +29,13 @@ def test_timeout_ends_a_hung_job(monkeypatch, nprocs):
     ("first-allreduce", "MPI_Comm_dup: the default communicator"),
     ("partition", "agreement on create_cartesian_topology_partition"),
     ("local-rank", "MPI_Comm_split_type: the node's ranks"),
+    ("horovod", "fastreduce.horovod: a round of the matching by name"),
 ])
 def test_timeout_sees_the_first_collective(monkeypatch, where, names):
     """A rank that never reaches the first collective (it failed while loading data): the
-    set-up collectives (the default communicator made, an agreement, the node's split) are
-    in the flight record, so the watchdog ends the job within the timeout and names them."""
+    set-up collectives (the default communicator made, an agreement, the node's split,
+    fastreduce.horovod's matching of requests by name) are in the flight record, so the
+    watchdog ends the job within the timeout and names them."""
     monkeypatch.setenv("FASTREDUCE_TIMEOUT", "3")
     start = time.monotonic()
     rc, out = run_mpi(3, sys.executable, str(PROGRAMS / "timeout.py"), "60", where, timeout=90)

@@ -2,7 +2,8 @@
 record and aborts the job. argv[1]: how long the late rank sleeps; argv[2]: where it is
 late: "allreduce" (after a few calls that complete), or before the first collective of
 "first-allreduce" (the default communicator is made), "partition" (a Cartesian partition
-agreed and made), "local-rank" (the node's communicator split)."""
+agreed and made), "local-rank" (the node's communicator split), "horovod" (a blocking
+hvd.allreduce after hvd.init(): the ranks' matching by name)."""
 
 import sys
 import time
@@ -20,6 +21,9 @@ if where == "allreduce":
     fastreduce.allreduce(x, "max")
 if where == "partition":
     fastreduce.default_comm()  # made by every rank: the agreement is what waits
+if where == "horovod":
+    import fastreduce.horovod as hvd
+    hvd.init()
 if WORLD.rank == 1:
     time.sleep(float(sys.argv[1]))  # late: the others wait in the next collective
 if where in ("allreduce", "first-allreduce"):
@@ -28,4 +32,6 @@ elif where == "partition":
     fastreduce.Partition().create_cartesian_topology_partition([WORLD.size])
 elif where == "local-rank":
     fastreduce.local_rank()
+elif where == "horovod":
+    hvd.allreduce(torch.ones(4), name="late")
 print("not reached in the test: every rank finished", flush=True)

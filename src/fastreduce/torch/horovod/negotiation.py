@@ -4,11 +4,14 @@ does. Every collective a rank submits is a pending Request in the set's queue; a
 and the requests pending on every rank run, in the first rank's submission order, on every
 rank alike. Ranks may so submit named requests in different orders.
 
-A rank takes part in a round at each submission and, while it waits for a request
-(a blocking call, synchronize(), join()), in one round after another; poll() makes a round
-that does not wait. The fast path is one MPI_Iallgather of 16 bytes per rank (a status
-and a digest of the call's kind, name, dtype, shape, op, factors and root): where every
-rank submitted the same one request, it runs.
+A rank takes part in rounds only in its own calls (there is no background thread). An
+asynchronous submission, and poll(), start a round that does not wait (decided by a later
+such call once every rank has reached it); a call that waits (a blocking call,
+synchronize(), join(), shutdown()) first finishes those of every set, in one order of sets
+on every rank, then takes part in one round after another until its request has run. The
+fast path is one MPI_Iallgather of 16 bytes per rank (a status and a digest of the call's
+kind, name, dtype, shape, op, factors and root): where every rank offered the same one
+request, it runs.
 Otherwise the ranks' lists of pending (name, digest) are exchanged: a name whose
 descriptions differ raises on every rank with the differences; a rank's refusal of its
 arguments raises there, and a HorovodMismatch on the ranks that submit that name; ranks
@@ -17,8 +20,7 @@ waits and nothing can run, every rank's wait raises rather than hang (and the ra
 numbering of unnamed calls is set alike again). A rank that shuts down (hvd.shutdown(), or
 the end of its program) sends its last status: ranks still in a round on the set learn it
 there and raise, and every later collective on the set raises at once, as Horovod's "has
-been shut down". There is no background thread: a request that another rank has not yet
-submitted runs at this rank's first round after that rank's submission."""
+been shut down"."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from ... import agreement
+from ... import agreement, watchdog
 from ...errors import CollectiveMismatch, FastreduceError
 from . import world
 
@@ -44,6 +46,10 @@ _rounds = [0]  # the rounds this rank has taken part in, on any set
 _answers: dict[int, np.ndarray] = {}  # comm handle -> the fast path's exchange buffer
 _world: list = [None]  # the group of init()'s world, until shutdown()
 _polls = [0]  # the sets with a round in flight that does not wait
+# the rounds' MPI calls in the flight record (FASTREDUCE_TIMEOUT): a rank that never comes
+# to a round is seen there
+_ROUND = "fastreduce.horovod: a round of the matching by name (MPI_Iallgather)"
+_LISTS = "fastreduce.horovod: the ranks' pending lists (MPI_Allgather)"
 
 
 class HorovodInternalError(FastreduceError, RuntimeError):
@@ -161,7 +167,8 @@ def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray,
     send[1] = value
     # non-blocking and waited for: MPI matches no blocking collective with a non-blocking
     # one, and poll()'s rounds must not wait
-    comm.Iallgather(send, recv).Wait()
+    with watchdog.recorded(_ROUND, comm):
+        comm.Iallgather(send, recv).Wait()
     return recv.reshape(size, 2), recv.tobytes() == send.tobytes() * size
 
 
@@ -287,7 +294,8 @@ def _finish_poll(comm: MPI.Intracomm, state: _Set) -> None:
     if polling is not None:
         _polls[0] -= 1
         exchange, send, recv, offered = polling
-        exchange.Wait()
+        with watchdog.recorded(_ROUND, comm):
+            exchange.Wait()
         _rounds[0] += 1
         _decide(comm, state, recv.reshape(-1, 2), recv.tobytes() == send.tobytes() *
                 (recv.size // 2), int(send[0]), int(send[1]), offered, None, None, False)
@@ -470,7 +478,8 @@ def _settle(comm: MPI.Intracomm, state: _Set, waiting: Request | None,
     queue = state.queue
     record = (joining, None if waiting is None else waiting.name,
               [(n, r.digest) for n, r in queue.items()], refusal)
-    everyone = comm.allgather(record)
+    with watchdog.recorded(_LISTS, comm):
+        everyone = comm.allgather(record)
     joined = [r for r, (j, _, _, _) in enumerate(everyone) if j]
     active = [r for r, (j, _, _, _) in enumerate(everyone) if not j]
     refused: dict[str, str] = {}
@@ -496,7 +505,9 @@ def _settle(comm: MPI.Intracomm, state: _Set, waiting: Request | None,
     described: list[dict] = []
     if differ or (joined and runnable):
         wanted = differ + (runnable if joined else [])
-        described = comm.allgather({} if joining else {n: queue[n].describe() for n in wanted})
+        with watchdog.recorded(_LISTS, comm):
+            described = comm.allgather({} if joining else
+                                       {n: queue[n].describe() for n in wanted})
     failed = False
     for name in differ:
         failed = True
@@ -555,7 +566,9 @@ def _unstick(comm: MPI.Intracomm, state: _Set, waiting: Request | None, everyone
         if kind is not None and number < numbers.get(kind, number + 1):
             numbers[kind] = number
     highest: dict[str, int] = {}
-    for theirs in comm.allgather(numbers):
+    with watchdog.recorded(_LISTS, comm):
+        numbered = comm.allgather(numbers)
+    for theirs in numbered:
         for kind, number in theirs.items():
             highest[kind] = max(highest.get(kind, 0), number)
     world.follow_numbering(where, highest)
