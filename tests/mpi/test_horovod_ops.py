@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -713,7 +714,9 @@ def test_join(checks, dynamic_sets):
                 checks.expect(hvd.HorovodInternalError, ["have joined", what], call)
         hvd.barrier()
         last = hvd.join()
-    checks.check(last == (size - 2 if size > 1 else 0), f"join returned {last}")
+    lasts = WORLD.allgather(last)  # one of the ranks that joined after the last one
+    checks.check(len(set(lasts)) == 1 and (size == 1 or last != size - 1),
+                 f"join returned {lasts}")
     # unnamed calls made while a rank had joined leave every rank's numbering alike
     if rank < size - 1:
         hvd.allreduce(torch.ones(1))
@@ -797,7 +800,65 @@ def test_join_optimizer(checks, dynamic_sets):
                              zip(model.parameters(), reference.parameters(), strict=True)),
                          f"DistributedOptimizer step {step} with a joined rank")
     last = hvd.join()
-    checks.check(last == (size - 2 if size > 1 else 0), f"join after training returned {last}")
+    lasts = WORLD.allgather(last)
+    checks.check(len(set(lasts)) == 1 and (size == 1 or last != size - 1),
+                 f"join after training returned {lasts} (rank {size - 1} joined first)")
+    # then every rank trains on, from the same parameters (the joined rank took no step
+    # meanwhile): each optimizer's choice of schedule ("auto" counts steps, and the ranks
+    # ran different numbers) starts again alike on every rank
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(3):
+        opt.zero_grad()
+        model(data[rank] * (step + 3)).pow(2).sum().backward()
+        opt.step()
+    mine = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+    checks.check(all(torch.equal(mine, theirs) for theirs in WORLD.allgather(mine)),
+                 "the ranks' parameters after training on past join()")
+
+
+@MORE_THAN_ONE
+def test_join_returns_the_rank_that_joined_last(checks, dynamic_sets):
+    """Rank 0 joins half a second after the others: join() returns 0 on every rank."""
+    if rank == 0:
+        time.sleep(0.5)
+    lasts = WORLD.allgather(hvd.join())
+    checks.check(lasts == [0] * size, f"join() returned {lasts}")
+
+
+@MORE_THAN_ONE
+def test_a_failed_step_leaves_the_optimizer_usable(checks, dynamic_sets):
+    """A step whose reduction raised (op=hvd.Max while the last rank has joined): the
+    optimizer's next step runs, with every rank's gradient."""
+    w = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
+                                   op=hvd.Max)
+
+    def step(k: float) -> None:
+        opt.zero_grad()
+        (w * k).sum().backward()
+        opt.step()
+
+    if rank == size - 1:
+        hvd.join()
+    else:
+        checks.expect(hvd.HorovodInternalError, ["joined"], lambda: step(1.0))
+        hvd.join()
+    step(float(rank + 1))
+    checks.check(w.tolist() == [-float(size)] * 3, f"the step after a failed one: {w.tolist()}")
+
+
+@pytest.mark.mpi(ranks=(3, 4))
+def test_a_rank_in_a_collective_on_a_set_learns_that_the_others_shut_down(checks,
+                                                                           dynamic_sets):
+    """Rank 1 is in an allreduce on the set of ranks 0 and 1 while the others shut down:
+    shutdown() tells every set at once, so rank 1 raises instead of waiting for rank 0,
+    which would otherwise wait for it on the global set."""
+    pair = hvd.add_process_set([0, 1])
+    if rank == 1:
+        checks.expect(hvd.HorovodInternalError, ["rank 0", "shut down"],
+                      lambda: hvd.allreduce(torch.ones(2), name="x", process_set=pair))
+    checks.run("shutdown", hvd.shutdown)
+    hvd.init(process_sets="dynamic")
 
 
 def test_timeline(checks, dynamic_sets, shared_tmp_path):

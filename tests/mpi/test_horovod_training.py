@@ -370,6 +370,22 @@ def test_broadcast_state_of_a_fresh_optimizer(checks):
                  "a step on zero gradients without weight decay moves nothing")
 
 
+def test_broadcast_state_keeps_the_parameters_where_weights_decay(checks):
+    """Only the root has optimizer state (it resumed from a checkpoint); AdamW decays
+    weights: the step that makes the other ranks' state does not move their parameters, so
+    after broadcast_parameters and broadcast_optimizer_state every rank holds the root's."""
+    w = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    opt = torch.optim.AdamW([w], lr=0.1, weight_decay=0.5)
+    if rank == 0:
+        w.grad = torch.ones(3, dtype=torch.float64)
+        opt.step()
+    root = w.detach().clone() if rank == 0 else None
+    hvd.broadcast_parameters([("w", w)], root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    root = WORLD.bcast(root, root=0)
+    checks.check(torch.equal(w.detach(), root), f"parameters {w.tolist()}, root's {root.tolist()}")
+
+
 def test_objects(checks):
     """broadcast_object (with the object everywhere, or None off the root) and
     allgather_object."""

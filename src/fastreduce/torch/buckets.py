@@ -160,11 +160,17 @@ class _Chooser:
     rank runs the same schedule in each step."""
 
     def __init__(self, schedule: str, total: Callable[[torch.Tensor], torch.Tensor]):
+        self._schedule = schedule
+        self._total = total
+        self.restart()
+
+    def restart(self) -> None:
+        """Choose again from the first step (the ranks ran different numbers of steps)."""
+        schedule = self._schedule
         self.mode = "overlap" if schedule == "auto" else schedule
         self.decided = schedule != "auto"
         self.samples: dict[str, list[float]] = {"overlap": [], "serial": []}
         self.measured: dict[str, float] = {}
-        self._total = total
         self._step = 0
         self._last_end: float | None = None
 
@@ -397,16 +403,20 @@ class BucketEngine:
         """Start what is not started, wait for every reduction, leave the results in .grad,
         and make ready for the next step."""
         self.dirty = False
-        if self.mode == "overlap":
-            pending = self.buckets
-            while self.next < len(pending):
-                self._start(pending[self.next])
-                self.next += 1
-        else:
-            pending = self._start_serial()
-        with torch.no_grad():
-            for bucket in pending:
-                self._finish(bucket)
+        try:
+            if self.mode == "overlap":
+                pending = self.buckets
+                while self.next < len(pending):
+                    self._start(pending[self.next])
+                    self.next += 1
+            else:
+                pending = self._start_serial()
+            with torch.no_grad():
+                for bucket in pending:
+                    self._finish(bucket)
+        except BaseException:
+            self._abandon()
+            raise
         self._trace_step(pending)
         self._new_step()
         if self.arrivals is not None:
@@ -457,6 +467,18 @@ class BucketEngine:
                 p.grad = view.to_sparse()
             elif p.grad is not view:
                 p.grad = view
+
+    def _abandon(self) -> None:
+        """A reduction failed: the others in flight end (their errors dropped: the first is
+        raised) and the next step starts afresh."""
+        for bucket in self.buckets + self.smalls:
+            request, bucket.request = bucket.request, None
+            if request is not None:
+                try:
+                    request.wait()
+                except Exception:  # noqa: BLE001, S110  (see above)
+                    pass
+        self._new_step()
 
     def reset(self) -> None:
         """Forget the gradients of this step (reductions in flight end first)."""

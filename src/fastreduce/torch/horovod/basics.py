@@ -67,9 +67,10 @@ def shutdown() -> None:
     if world.current is None:
         return
     handles._finish_all()
-    for ps in _process_sets._members():
+    members = _process_sets._members()
+    for ps in members:
         handles._finish_all(ps.comm)
-        negotiation.leave(ps.comm)
+    negotiation.leave([ps.comm for ps in members])
     timeline.stop_timeline()
     _process_sets._stop()
     negotiation.forget_gone()
@@ -90,9 +91,14 @@ def _noting_crash(previous):
 
 
 def _shutdown_at_exit() -> None:
-    # as Horovod's: at the end of the program; not after an uncaught exception, where
-    # the launcher ends the job (the other ranks may be where no exchange reaches them)
-    if world.current is not None and not _crashed:
+    # as Horovod's, at the end of the program. Not after an uncaught exception: the other
+    # ranks may be where no exchange reaches them, and MPI_Finalize (at exit) would wait
+    # for them for ever; the job is ended instead, as `python -m mpi4py` ends it
+    if world.current is None:
+        return
+    if _crashed and MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(1)
+    if not _crashed:
         shutdown()
 
 

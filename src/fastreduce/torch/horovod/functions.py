@@ -99,9 +99,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=global_proc
     broadcasts; the other ranks then load it with load_state_dict(). As Horovod does, an
     optimizer with no state yet (no step taken) first gets it from one local step with
     every trained parameter's gradient set to zero (a DistributedOptimizer's step without
-    its reduction); the gradients stay zero. That step moves the parameters where the
-    optimizer decays weights (SGD's weight_decay, AdamW), alike on every rank; an optimizer
-    that keeps no state (SGD without momentum) takes it at every call. torch.optim.LBFGS is
+    its reduction); the gradients stay zero, and the parameters are put back as they were
+    (where the optimizer decays weights, SGD's weight_decay or AdamW, that step would move
+    them on the ranks with no state only: Horovod's do move). An optimizer that keeps no
+    state (SGD without momentum) takes that step at every call. torch.optim.LBFGS is
     refused, as in Horovod (its step needs a closure).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -154,20 +155,26 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=global_proc
 
 def _initialize_state(optimizer) -> None:
     """Make a fresh optimizer's state: zero gradients (sparse for SparseAdam), then one step
-    of the optimizer itself, on this rank alone."""
+    of the optimizer itself, on this rank alone; the parameters are put back after it."""
     from .optimizer import _DistributedOptimizer
 
+    trained = [p for group in optimizer.param_groups for p in group["params"]
+               if p.requires_grad]
     with torch.no_grad():
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-                    if isinstance(optimizer, torch.optim.SparseAdam):
-                        p.grad = p.grad.to_sparse()
-    if isinstance(optimizer, _DistributedOptimizer):
-        super(_DistributedOptimizer, optimizer).step()
-    else:
-        optimizer.step()
+        kept = [p.detach().clone() for p in trained]
+        for p in trained:
+            p.grad = torch.zeros_like(p)
+            if isinstance(optimizer, torch.optim.SparseAdam):
+                p.grad = p.grad.to_sparse()
+    try:
+        if isinstance(optimizer, _DistributedOptimizer):
+            super(_DistributedOptimizer, optimizer).step()
+        else:
+            optimizer.step()
+    finally:
+        with torch.no_grad():
+            for p, was in zip(trained, kept, strict=True):
+                p.copy_(was)
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None,

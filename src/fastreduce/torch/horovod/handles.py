@@ -151,9 +151,10 @@ def synchronize(handle: int):
 def _finish_all(comm=None) -> None:
     """At shutdown: the operations never synchronized are completed, those started first
     (comm None), then those still to be matched on comm's set (shutdown() takes the sets
-    in the order in which it leaves them, so that no rank waits on one set for a rank that
-    waits on another). Their errors (a mismatch, ranks that shut down first) are dropped,
-    as Horovod's shutdown drops them: no caller waits for them."""
+    in the order of their ids on every rank, then leaves them all at once, so that no rank
+    waits on one set for a rank that waits on another). Their errors (a mismatch, ranks
+    that shut down first) are dropped, as Horovod's shutdown drops them: no caller waits
+    for them."""
     for handle, pending in list(_pending.items()):
         if (pending.submitted is None) if comm is None else \
                 (pending.submitted is not None and pending.submitted[0] == comm):

@@ -338,22 +338,33 @@ def settle_poll(comm: MPI.Intracomm) -> None:
     _finish_polls()
 
 
-def follow(comm: MPI.Intracomm, first: bool):
-    """join()'s round: ("joined", the last rank to join) once every rank has joined; else
-    (descriptions of the calls this rank takes part in, with zeros, in order; the names
-    the active ranks used up, their unnamed numbering to follow)."""
+def follow(comm: MPI.Intracomm, joined_at: int):
+    """join()'s round (joined_at: when this rank called join(), in microseconds): ("joined",
+    the last rank to join) once every rank has joined; else (descriptions of the calls this
+    rank takes part in, with zeros, in order; the names the active ranks used up, their
+    unnamed numbering to follow)."""
     _raise_if_gone(comm)
     state = _set(comm)
     _finish_polls()
-    return _round(comm, state, None, None, None, first)
+    return _round(comm, state, None, None, None, joined_at)
 
 
-def leave(comm: MPI.Intracomm) -> None:
-    """shutdown()'s part, collective with the other ranks' next round on comm: this rank's
-    last status. Ranks waiting in a round there raise; ranks shutting down too carry on."""
-    if comm.py2f() not in _gone:
-        _finish_polls()
-        _exchange(comm, SHUTDOWN, 0)
+def leave(comms: list[MPI.Intracomm]) -> None:
+    """shutdown()'s part, collective with the other ranks' next round on each of comms: this
+    rank's last status, sent on every set at once (so that no rank waits to leave one set
+    while another waits for it in a round of another). Ranks waiting in a round there
+    raise; ranks shutting down too carry on."""
+    _finish_polls()
+    exchanges, buffers = [], []
+    for comm in comms:
+        if comm.py2f() not in _gone:
+            send = np.array([SHUTDOWN, 0], np.int64)
+            recv = np.empty(2 * comm.Get_size(), np.int64)
+            buffers.append((send, recv))
+            exchanges.append(comm.Iallgather(send, recv))
+    if exchanges:
+        with watchdog.recorded(_ROUND, comms[0]):
+            MPI.Request.Waitall(exchanges)
 
 
 def forget(comm: MPI.Intracomm) -> None:
@@ -421,17 +432,17 @@ def join_refusal(fields: dict, joined: list) -> HorovodInternalError | None:
 
 
 def _round(comm: MPI.Intracomm, state: _Set, fresh: Request | None,
-           waiting: Request | None, refusal: tuple | None = None, first: bool | None = None,
+           waiting: Request | None, refusal: tuple | None = None, joined_at: int | None = None,
            exchanged: np.ndarray | None = None):
     """One round (collective over comm): runs or fails the requests it settles. `fresh`:
     the request just submitted; `waiting`: the one this rank waits for; `refusal`: (name,
-    why) this rank refuses; `first` (join() only: whether this is its first round);
+    why) this rank refuses; `joined_at` (join() only: when this rank called it);
     `exchanged`: the exchange of this round made already (idle()). For join(),
     follow()'s result."""
-    joining = first is not None
+    joining = joined_at is not None
     queue = state.queue
     if joining:
-        status, value = JOINED, int(first)
+        status, value = JOINED, joined_at
     elif refusal is not None:
         status, value = REFUSED, 0
     elif fresh is not None and len(queue) == 1:
@@ -460,8 +471,8 @@ def _decide(comm: MPI.Intracomm, state: _Set, everyone: np.ndarray, alike: bool,
         return None
     _learn_gone(comm, statuses)
     if (statuses == JOINED).all():
-        firsts = np.flatnonzero(everyone[:, 1]).tolist()
-        return "joined", max(firsts) if firsts else comm.Get_size() - 1
+        # the rank that called join() last (by the clocks of the ranks' hosts)
+        return "joined", max(range(len(statuses)), key=lambda r: (int(everyone[r, 1]), r))
     if status in (ACTIVE, BLOCKING) and ((statuses == ACTIVE) | (statuses == BLOCKING)).all() \
             and (everyone[:, 1] == value).all():
         del queue[fresh.name]  # some wait at once, some later: all take the non-blocking path

@@ -14,6 +14,7 @@ submitted them, their handle then complete.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -975,6 +976,9 @@ def barrier(process_set=global_process_set) -> None:
     _submit(comm, lambda: ("barrier",), (), "barrier", lambda: None, launch, blocking=True)
 
 
+_after_join: list[Callable[[], None]] = []  # called on every rank as join() returns
+
+
 def join(device=-1) -> int:
     """This rank has no more data: it takes part (with zeros) in the other ranks' allreduce
     (hvd.Average, hvd.Sum), barrier and DistributedOptimizer reductions on the global
@@ -983,12 +987,13 @@ def join(device=-1) -> int:
     Zeros go where the others' tensors are: the CPU, or CUDA device `device` (-1: the
     current one). Collectives on other process sets are not joined."""
     comm = _set_comm(global_process_set, "join")
+    joined_at = time.time_ns() // 1000
     negotiation.drain(comm)  # this rank's own requests run with its data, not zeros
-    first = True
     while True:
-        followed = negotiation.follow(comm, first)
-        first = False
+        followed = negotiation.follow(comm, joined_at)
         if followed[0] == "joined":
+            for fn in _after_join:
+                fn()
             return followed[1]
         take_part, names = followed
         for name in names:  # unnamed calls stay numbered alike on every rank

@@ -30,12 +30,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import warnings
+import weakref
 
 import torch
 
 from ... import settings
 from ...backend import engine as _engine
 from ..buckets import BucketEngine, Reduction, plan_buckets, schedule_setting
+from . import ops as _ops
 from . import timeline, world
 from .basics import size
 from .compression import Compression, FP16Compressor, NoneCompressor
@@ -81,6 +83,20 @@ def _by_kind(group: list) -> list[list]:
         out.setdefault((p.dtype, p.device), []).append(p)
     return list(out.values())
 
+
+
+# Every DistributedOptimizer's bucket engine: after join() the ranks have run different
+# numbers of steps, so each engine's choice of schedule ("auto", which counts steps)
+# starts again alike on every rank.
+_engines: weakref.WeakSet = weakref.WeakSet()
+
+
+def _restart_schedules() -> None:
+    for engine in list(_engines):
+        engine.chooser.restart()
+
+
+_ops._after_join.append(_restart_schedules)
 
 class _DistributedOptimizer:
     """The methods the wrapped optimizer's class gets; see DistributedOptimizer."""
@@ -173,6 +189,7 @@ class _DistributedOptimizer:
             schedule=schedule_setting(), passes=backward_passes_per_step,
             too_many=lambda: AssertionError(_TOO_MANY_PASSES), trace=timeline.current,
             sparse_as_dense=sparse_as_dense)
+        _engines.add(self._hvd_engine)
 
     @staticmethod
     def _hvd_plan(trained: list, groups) -> list[list]:
