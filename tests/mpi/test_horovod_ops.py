@@ -491,6 +491,19 @@ def test_asynchronous_calls_on_two_sets_in_opposite_orders(checks, dynamic_sets)
     hvd.remove_process_set(pair)
 
 
+def test_a_name_is_free_again_once_poll_saw_it_complete(checks):
+    """As in Horovod: an operation that poll() saw complete no longer holds its name, even
+    before synchronize()."""
+    x = make(rank, (3,), torch.float64, 37)
+    first = hvd.allreduce_async(x, op=hvd.Sum, name="again")
+    while not hvd.poll(first):
+        pass
+    second = hvd.allreduce_async(x * 2, op=hvd.Sum, name="again")
+    xs = everyone((3,), torch.float64, 37).sum(0)
+    checks.check(torch.equal(hvd.synchronize(first), xs), "the first 'again'")
+    checks.check(torch.equal(hvd.synchronize(second), xs * 2), "the second 'again'")
+
+
 @MORE_THAN_ONE
 def test_poll_alone_makes_progress(checks):
     """Rank 0 submits 'a' and then only polls it; the others submit 'z' first, then 'a'.

@@ -83,9 +83,9 @@ def _forget(key, handle: int) -> None:
 
 def in_flight(key) -> bool:
     """Whether an operation of this process set and name is in flight, as Horovod has it: not
-    synchronized, and not seen complete (its requests complete, and this rank has taken
-    part in a round since it started: a name is free again at the next call after its
-    operation completed, not while it runs)."""
+    synchronized, and not seen complete (by poll(); or its requests complete and this rank
+    has taken part in a round since it started: a name is free again at the next call
+    after its operation completed, not while it runs)."""
     handle = _in_flight.get(key)
     if handle is None:
         return False
@@ -113,7 +113,10 @@ def poll(handle: int) -> bool:
         negotiation.progress(*pending.submitted)  # a round that does not wait
         if pending.requests is None:  # not yet submitted by every rank; or failed
             return pending.submitted[1].error is not None
-    return all(r.test() for r in pending.requests)
+    done = all(r.test() for r in pending.requests)
+    if done:  # seen complete: its name is free again, as in Horovod
+        _forget(pending.key, handle)
+    return done
 
 
 def _started(handle: int, pending: _Pending) -> _Pending:
