@@ -175,12 +175,19 @@ def _watch() -> None:
         # The other ranks stuck in the same call time out within their polling period: give
         # them the time to print their record before this rank's MPI_Abort ends them.
         time.sleep(PRINT_GRACE)
-        # MPI_Abort asks the launcher to end the job; where the launcher is out of reach
-        # (this node's link is down) it may never return, and the rank would live on.
-        backstop = threading.Timer(ABORT_GRACE, _exit_unaborted, (rank,))
-        backstop.daemon = True
-        backstop.start()
-        MPI.COMM_WORLD.Abort(1)
+        end_job()
+
+
+def end_job() -> None:
+    """End the whole job (MPI_Abort), where the others cannot be told by an exception: a
+    rank stuck, or a rank leaving on an uncaught exception while the others may wait."""
+    rank = MPI.COMM_WORLD.Get_rank()
+    # MPI_Abort asks the launcher to end the job; where the launcher is out of reach
+    # (this node's link is down) it may never return, and the rank would live on.
+    backstop = threading.Timer(ABORT_GRACE, _exit_unaborted, (rank,))
+    backstop.daemon = True
+    backstop.start()
+    MPI.COMM_WORLD.Abort(1)
 
 
 PRINT_GRACE = 2.0  # seconds between printing the record and MPI_Abort

@@ -7,7 +7,7 @@ import sys
 
 from mpi4py import MPI
 
-from ... import settings
+from ... import settings, watchdog
 from . import handles, negotiation, timeline, world
 from . import process_sets as _process_sets
 from .world import _the_world
@@ -97,7 +97,7 @@ def _shutdown_at_exit() -> None:
     if world.current is None:
         return
     if _crashed and MPI.COMM_WORLD.Get_size() > 1:
-        MPI.COMM_WORLD.Abort(1)
+        watchdog.end_job()
     if not _crashed:
         shutdown()
 

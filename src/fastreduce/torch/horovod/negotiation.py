@@ -272,9 +272,15 @@ def _decided_alone(recv: np.ndarray, send: np.ndarray) -> bool:
     """Whether a round's answers decide it without the lists' exchange (_decide): every
     rank offered the same one request, or some rank shut down (the round raises)."""
     statuses, values = recv[0::2], recv[1::2]
-    return bool(send[0] in (ACTIVE, BLOCKING) and
-                ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and
-                (values == send[1]).all() or (statuses == SHUTDOWN).any())
+    return _all_offer(statuses, values, int(send[0]), int(send[1])) or \
+        bool((statuses == SHUTDOWN).any())
+
+
+def _all_offer(statuses: np.ndarray, values: np.ndarray, status: int, value: int) -> bool:
+    """Whether this rank (status, value) and every other offered the same one request (some
+    to wait for it at once, some later)."""
+    return status in (ACTIVE, BLOCKING) and bool(
+        ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and (values == value).all())
 
 
 def _finish_polls() -> None:
@@ -473,8 +479,7 @@ def _decide(comm: MPI.Intracomm, state: _Set, everyone: np.ndarray, alike: bool,
     if (statuses == JOINED).all():
         # the rank that called join() last (by the clocks of the ranks' hosts)
         return "joined", max(range(len(statuses)), key=lambda r: (int(everyone[r, 1]), r))
-    if status in (ACTIVE, BLOCKING) and ((statuses == ACTIVE) | (statuses == BLOCKING)).all() \
-            and (everyone[:, 1] == value).all():
+    if _all_offer(statuses, everyone[:, 1], status, value):
         del queue[fresh.name]  # some wait at once, some later: all take the non-blocking path
         fresh._finish()
         return None
