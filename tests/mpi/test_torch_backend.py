@@ -107,12 +107,13 @@ def same(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def with_gloo(w: World, fn, *args, **kw):
-    """fn on the gloo group, or None where gloo does not implement it."""
+def with_gloo(w: World, fn, *args, **kw) -> bool:
+    """fn on the gloo group: whether gloo implements it (a blocking call returns None)."""
     try:
-        return fn(*args, group=w.gloo, **kw)
+        fn(*args, group=w.gloo, **kw)
     except (RuntimeError, ValueError, NotImplementedError):
-        return None
+        return False
+    return True
 
 
 def finish(f, work, async_op):
@@ -161,7 +162,7 @@ def allreduce_case(f, w: World, op, dtype, shape, async_op, group=None, members=
                 f"{t.flatten()[:4]} want {want.flatten()[:4]}")
     if group is None:
         g = x.clone()
-        if with_gloo(w, dist.all_reduce, g, op=op) is not None and op != Op.AVG:
+        if with_gloo(w, dist.all_reduce, g, op=op) and op != Op.AVG:
             f.check(same(t, g), f"all_reduce {op} {dtype}: differs from gloo")
 
 
@@ -254,8 +255,7 @@ def test_all_gather_into_tensor(world, checks, shape, dtype, async_op):
         want = torch.cat([make(r, shape, dtype, 3) for r in range(size)])
         checks.check(same(flat, want), f"all_gather_into_tensor {dtype} {shape}")
         g = torch.empty_like(flat)
-        if with_gloo(world, dist.all_gather_into_tensor, g,
-                     make(rank, shape, dtype, 3)) is not None:
+        if with_gloo(world, dist.all_gather_into_tensor, g, make(rank, shape, dtype, 3)):
             checks.check(same(flat, g), f"all_gather_into_tensor {dtype}: differs from gloo")
         flat = torch.zeros(rows(shape, size), dtype=dtype)
         flat[rank * n:(rank + 1) * n] = make(rank, shape, dtype, 3)
@@ -277,7 +277,7 @@ def test_reduce_scatter_tensor(world, checks, shape, dtype, async_op):
         checks.check(same(out, total[rank * n:(rank + 1) * n]),
                      f"reduce_scatter_tensor {dtype} {shape}")
         g = torch.empty_like(out)
-        if with_gloo(world, dist.reduce_scatter_tensor, g, big) is not None:
+        if with_gloo(world, dist.reduce_scatter_tensor, g, big):
             checks.check(same(out, g), f"reduce_scatter_tensor {dtype}: differs from gloo")
 
     checks.run(f"movement reduce_scatter_tensor {dtype} {shape} async={async_op}", body)
@@ -406,6 +406,35 @@ def test_coalesced_all_gather_into_tensor(world, checks):
             checks.check(same(o, want), "coalesced all_gather_into_tensor")
 
     checks.run("coalesced all_gather_into_tensor", body)
+
+
+def test_all_gather_coalesced_is_laid_out_as_gloos(world, checks):
+    """output_tensor_lists[r][i] is rank r's input i, as torch documents and gloo does: with
+    as many inputs as ranks (the layout read transposed gave wrong tensors silently there)
+    and with three inputs of different shapes (refused as invalid before)."""
+    def body():
+        rank, size = world.rank, world.size
+        for shapes in ([(2,)] * size, [(2,), (3, 2), (1,)]):
+            ins = [make(rank, s, torch.float32, 30 + i) for i, s in enumerate(shapes)]
+            outs = [[torch.full(s, -1.0) for s in shapes] for _ in range(size)]
+            dist.all_gather_coalesced(outs, ins)
+            want = [[make(r, s, torch.float32, 30 + i) for i, s in enumerate(shapes)]
+                    for r in range(size)]
+            checks.check(all(same(o, w) for os_, ws in zip(outs, want, strict=True)
+                             for o, w in zip(os_, ws, strict=True)),
+                         f"all_gather_coalesced {shapes}: not output[rank][input]")
+            g = [[torch.full(s, -1.0) for s in shapes] for _ in range(size)]
+            if with_gloo(world, dist.all_gather_coalesced, g, ins):
+                checks.check(all(same(o, w) for os_, ws in zip(outs, g, strict=True)
+                                 for o, w in zip(os_, ws, strict=True)),
+                             f"all_gather_coalesced {shapes}: differs from gloo")
+            else:
+                checks.check(False, "gloo refused all_gather_coalesced")
+        bad = [[torch.empty(2)] for _ in range(size + 1)]
+        with pytest.raises(ValueError, match="one output list per rank"):
+            dist.all_gather_coalesced(bad, [torch.zeros(2)])
+
+    checks.run("all_gather_coalesced", body)
 
 
 # --- point to point -----------------------------------------------------------------------

@@ -251,7 +251,26 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return Work(list(outputs))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None) -> Work:
-        for outs, x in zip(output_lists, input_list, strict=True):
+        """torch's all_gather_coalesced: output_lists[r][i] receives rank r's input_list[i]
+        (one list per rank, each with one tensor per input)."""
+        if len(output_lists) != self._size:
+            raise ValueError(f"fastreduce backend: all_gather_coalesced needs one output list "
+                             f"per rank of the group ({self._size}), got {len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise ValueError(f"fastreduce backend: all_gather_coalesced: "
+                                 f"output_tensor_lists[{r}] has {len(outs)} tensors for "
+                                 f"{len(input_list)} inputs; give one per input")
+        per_input = [[outs[i] for outs in output_lists] for i in range(len(input_list))]
+        for i, (outs, x) in enumerate(zip(per_input, input_list, strict=True)):
+            _check_tensor(x, f"input_tensor_list[{i}]")
+            for r, o in enumerate(outs):
+                _check_tensor(o, f"output_tensor_lists[{r}][{i}]")
+                if o.dtype != x.dtype or o.numel() != x.numel():
+                    raise ValueError(f"fastreduce backend: output_tensor_lists[{r}][{i}] has "
+                                     f"{o.numel()} elements of {o.dtype}, input_tensor_list[{i}] "
+                                     f"{x.numel()} of {x.dtype}; they must match")
+        for outs, x in zip(per_input, input_list, strict=True):
             self.allgather([outs], [x], _blocking(_AllgatherOptions()))
         return Work(list(output_lists))
 
