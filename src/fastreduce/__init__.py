@@ -30,12 +30,21 @@ from .backend.buffer import result_cache_info, set_result_cache_limit  # noqa: E
 from .backend.collectives import (  # noqa: E402
     HAVE_LARGE_COUNT,
     Request,
+    allgather,
     allreduce,
     allreduce_,
     allreduce_coalesced_,
+    alltoall,
+    broadcast_,
     default_comm,
+    gather,
     iallreduce,
     iallreduce_,
+    recv,
+    reduce_,
+    reduce_scatter,
+    scatter,
+    send,
     wait_all,
 )
 from .backend.mpierrors import build_mpi  # noqa: E402
@@ -136,6 +145,15 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "send",
+    "scatter",
+    "reduce_scatter",
+    "reduce_",
+    "recv",
+    "gather",
+    "broadcast_",
+    "alltoall",
+    "allgather",
     "CalibrationError",
     "CartesianPartition",
     "CollectiveMismatch",

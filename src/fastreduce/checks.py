@@ -131,9 +131,30 @@ def _next_sequence(comm: MPI.Comm) -> int:
     return counter[0]
 
 
-def fingerprint(comm: MPI.Comm, call: str, **fields) -> None:
-    """Debug mode: the ranks of comm agree on this call (see set_debug)."""
+def fingerprint(comm: MPI.Comm, call: str, *, pairwise=None, **fields) -> None:
+    """Debug mode: the ranks of comm agree on this call (see set_debug); pairwise, for an
+    uneven all-to-all: (send counts, receive counts), which must match between each pair
+    of ranks."""
     agree(comm, call, {"sequence number": _next_sequence(comm), **fields})
+    if pairwise is not None:
+        rows = comm.allgather(pairwise)
+        mismatches = split_mismatches(rows)
+        if mismatches:
+            raise CollectiveMismatch(
+                f"fastreduce: {call}: the ranks' counts do not pair up: "
+                + "; ".join(f"rank {i} sends {sent} elements to rank {j}, which expects "
+                            f"{expected}" for i, j, sent, expected in mismatches[:8])
+                + (f"; and {len(mismatches) - 8} more" if len(mismatches) > 8 else "")
+                + "; give each rank's receive counts as the senders' send counts",
+                {"counts": {(i, j): (sent, expected) for i, j, sent, expected in mismatches}})
+
+
+def split_mismatches(rows: list) -> list[tuple[int, int, int, int]]:
+    """(i, j, what rank i sends to j, what rank j expects from i) for each pair that
+    differs, from every rank's (send counts, receive counts)."""
+    n = len(rows)
+    return [(i, j, rows[i][0][j], rows[j][1][i]) for i in range(n) for j in range(n)
+            if rows[i][0][j] != rows[j][1][i]]
 
 
 # --- debug mode: collectives issued in different orders on different communicators ----------

@@ -24,9 +24,9 @@ from .cudart cimport (
 )
 from .dlpack cimport kDLCUDA, kDLCUDAManaged
 from .dtypes cimport NKINDS
-from .engine cimport Job, enabled, host_enabled, submit, wait_for
+from .engine cimport Job, enabled, host_enabled, on_engine_thread, submit, wait_for
 from .mpierrors cimport CHKERR
-from .pathchoice cimport PATH_DIRECT, choose_path
+from .pathchoice cimport PATH_DIRECT, PATH_STAGED, agreed_already, choose_movement_path, choose_path
 from .libmpi cimport *
 from .reductions cimport (
     OP_AVG, OP_SUM, Reduction, compression_code, get_compressed, get_reduction, op_code,
@@ -38,6 +38,7 @@ from .staging cimport (
 )
 
 import atexit
+import sys
 import weakref
 from contextlib import nullcontext
 
@@ -64,6 +65,7 @@ include "coll_requests.pxi"
 include "coll_engine_jobs.pxi"
 include "coll_coalesced.pxi"
 include "coll_agreed.pxi"
+include "coll_movement.pxi"
 
 
 # --- for tests and the torch.distributed backend ------------------------------------

@@ -16,3 +16,4 @@ cdef int submit(Job job) except -1
 cdef int wait_for(Job job) except -1
 cdef bint enabled() except -1
 cdef bint host_enabled(int64_t nbytes) except -1
+cdef bint on_engine_thread() except -1

@@ -241,6 +241,11 @@ cdef int submit(Job job) except -1:
     return 0
 
 
+cdef bint on_engine_thread() except -1:
+    """Whether the caller is the engine's thread."""
+    return _thread is not None and threading.get_ident() == _thread.ident
+
+
 cdef int wait_for(Job job) except -1:
     """Block (GIL released) until the job is done."""
     with _cond:

@@ -15,7 +15,9 @@ cdef extern from "mpicompat.h" nogil:
     ctypedef struct _mpi_request_t
     ctypedef _mpi_request_t* MPI_Request
     ctypedef struct MPI_Status:
-        pass
+        int MPI_SOURCE
+        int MPI_TAG
+        int MPI_ERROR
 
     ctypedef void MPI_User_function(void*, void*, int*, MPI_Datatype*) noexcept
     ctypedef int MPI_Comm_copy_attr_function(MPI_Comm, int, void*, void*, void*, int*) noexcept
@@ -26,6 +28,9 @@ cdef extern from "mpicompat.h" nogil:
     enum: MPI_ERR_OTHER
     enum: MPI_MAX_LIBRARY_VERSION_STRING
     enum: MPI_KEYVAL_INVALID
+    enum: MPI_ANY_SOURCE
+    enum: MPI_ANY_TAG
+    enum: MPI_PROC_NULL
     MPI_Comm_copy_attr_function* MPI_COMM_NULL_COPY_FN
 
     void* MPI_IN_PLACE
@@ -36,6 +41,7 @@ cdef extern from "mpicompat.h" nogil:
     MPI_Status* MPI_STATUSES_IGNORE
 
     MPI_Datatype MPI_DATATYPE_NULL
+    MPI_Datatype MPI_BYTE
     MPI_Datatype MPI_C_BOOL
     MPI_Datatype MPI_INT8_T
     MPI_Datatype MPI_INT16_T
@@ -82,6 +88,29 @@ cdef extern from "mpicompat.h" nogil:
                        MPI_Request*)
     int MPI_Iallreduce(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm, MPI_Request*)
     int MPI_Waitall(int, MPI_Request*, MPI_Status*)
+    int MPI_Wait(MPI_Request*, MPI_Status*)
+    int MPI_Test(MPI_Request*, int*, MPI_Status*)
+    int MPI_Type_contiguous(int, MPI_Datatype, MPI_Datatype*)
+    int MPI_Type_commit(MPI_Datatype*)
+
+    # data movement (backend/coll_movement.pxi)
+    int MPI_Bcast(void*, int, MPI_Datatype, int, MPI_Comm)
+    int MPI_Reduce(const void*, void*, int, MPI_Datatype, MPI_Op, int, MPI_Comm)
+    int MPI_Allgather(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm)
+    int MPI_Allgatherv(const void*, int, MPI_Datatype, void*, const int*, const int*,
+                       MPI_Datatype, MPI_Comm)
+    int MPI_Reduce_scatter_block(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm)
+    int MPI_Reduce_scatter(const void*, void*, const int*, MPI_Datatype, MPI_Op, MPI_Comm)
+    int MPI_Alltoall(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm)
+    int MPI_Alltoallv(const void*, const int*, const int*, MPI_Datatype, void*, const int*,
+                      const int*, MPI_Datatype, MPI_Comm)
+    int MPI_Gather(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, int, MPI_Comm)
+    int MPI_Scatter(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, int, MPI_Comm)
+    int MPI_Send(const void*, int, MPI_Datatype, int, int, MPI_Comm)
+    int MPI_Recv(void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Status*)
+    int MPI_Isend(const void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
+    int MPI_Irecv(void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
+    int MPI_Get_count(const MPI_Status*, MPI_Datatype, int*)
     int MPI_Testall(int, MPI_Request*, int*, MPI_Status*)
 
     # _mpicompat.h

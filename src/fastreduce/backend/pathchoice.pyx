@@ -104,6 +104,12 @@ cdef int _decide(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
         return PATH_STAGED
     if choose_algorithm(plan_for(handle), nbytes) != FR_ALGO_MPI:  # combines on the host
         return PATH_STAGED
+    return _decide_agreed(comm, handle, nbytes, nonblocking, kind)
+
+
+cdef int _decide_agreed(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
+                        int kind) except -1:
+    """The agreed mode, the MPI's promise and auto mode's size table."""
     cdef const Agreed* agreed = _agreed(comm, handle)
     if agreed.mode == MODE_STAGED:
         return PATH_STAGED
@@ -126,6 +132,30 @@ cdef int choose_path(object comm, MPI_Comm handle, int64_t nbytes, bint nonblock
     else:
         _staged_calls += 1
     return path
+
+
+cdef int choose_movement_path(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
+                              int kind, const Reduction* red) except -1:
+    """PATH_DIRECT or PATH_STAGED for a data-movement call (broadcast, gathers, all-to-all,
+    send/recv; red: the reduction of reduce and reduce-scatter, else NULL) on CUDA device
+    memory (counted): as for all-reduce, less the all-reduce algorithm's part."""
+    global _direct_calls, _staged_calls
+    cdef int path
+    if red != NULL and (not red.predefined or red.divide_kind >= 0):
+        path = PATH_STAGED  # fastreduce's own op, or avg's division: on the host
+    else:
+        path = _decide_agreed(comm, handle, nbytes, nonblocking, kind)
+    if path == PATH_DIRECT:
+        _direct_calls += 1
+    else:
+        _staged_calls += 1
+    return path
+
+
+cdef bint agreed_already(MPI_Comm handle) except -1:
+    """Whether the communicator's ranks have agreed on the GPU path settings (no
+    communication)."""
+    return _kept(handle) != NULL
 
 
 def path_counts() -> dict:

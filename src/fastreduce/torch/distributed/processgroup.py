@@ -89,18 +89,16 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
     # -- running an operation: now, or on the progress engine --
 
     def _start(self, name: str, opts, result: list, call: Callable[[MPI.Intracomm], None],
-               nbytes: int, inputs: Sequence) -> Work:
+               nbytes: int, inputs: Sequence, **fields) -> Work:
         """call(comm) now; or, for a non-blocking operation on host tensors (asyncOp, the
         engine on, at least FASTREDUCE_ENGINE_HOST_BYTES: every rank decides alike), on the
-        progress engine's thread and its duplicate communicator. In debug mode the ranks
-        first agree on the operation and its size."""
-        if checks._debug:
-            checks.fingerprint(self._comm, name, bytes=nbytes,
-                               root=getattr(opts, "rootRank", None))
-        if watchdog._timeout is not None:
-            call = _recorded(call, name, self._comm, nbytes)
+        progress engine's thread and its duplicate communicator. The compiled calls check
+        (debug mode) and record (a timeout set) what they do; for the engine's jobs the
+        ranks agree on the operation here, on the caller's thread, with `fields`."""
         if getattr(opts, "asyncOp", False) and _engine.state()[0] and \
                 0 <= _engine.host_bytes() <= nbytes and not _any_cuda(inputs):
+            if checks._debug:
+                checks.fingerprint(self._comm, name, bytes=nbytes, **fields)
             dup = _collectives.engine_comm(self._comm)
             return Work(result, job=_engine.submit_call(lambda: call(dup)))
         call(self._comm)
@@ -160,7 +158,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         _collectives.allreduce_coalesced_(list(tensors), op, comm=self._comm)
         return Work(list(tensors))
 
-    # -- data movement: mpi4py on the tensors' memory --
+    # -- data movement: the compiled core's calls on the tensors' memory --
 
     def broadcast(self, tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -170,13 +168,11 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         tensors = list(tensors)
 
         def call(comm):
-            side = _HostSide(reads=tensors if self._rank == root else (), writes=tensors)
             for t in tensors:
-                comm.Bcast([side(t), MPI.BYTE], root=root)
-            side.write_back()
+                _collectives.broadcast_(t, root, comm=comm)
 
         return self._start("broadcast", opts, tensors, call, sum(_nbytes(t) for t in tensors),
-                           tensors)
+                           tensors, root=root, dtypes=_dtypes(tensors))
 
     def reduce(self, tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -184,25 +180,17 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         op, factor = _op_of(opts.reduceOp)
         for i, t in enumerate(tensors):
             _check_tensor(t, f"tensors[{i}]")
-        handles = [_collectives.mpi_reduction(t, op) for t in tensors]
+            _collectives.mpi_reduction(t, op)  # a dtype the op refuses: before any change
         tensors = list(tensors)
         if factor is not None:
             _premultiply(tensors, factor)
 
         def call(comm):
-            side = _HostSide(reads=tensors, writes=tensors if self._rank == root else ())
-            for t, (datatype, mpi_op) in zip(tensors, handles, strict=True):
-                buf = [side(t), t.numel(), datatype]
-                if self._rank == root:
-                    comm.Reduce(MPI.IN_PLACE, buf, op=mpi_op, root=root)
-                    if op == "avg":
-                        side.tensor(t).div_(self._size)
-                else:
-                    comm.Reduce(buf, None, op=mpi_op, root=root)
-            side.write_back()
+            for t in tensors:
+                _collectives.reduce_(t, op, root, comm=comm)
 
         return self._start("reduce", opts, tensors, call, sum(_nbytes(t) for t in tensors),
-                           tensors)
+                           tensors, root=root, op=op, dtypes=_dtypes(tensors))
 
     def allgather(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else _AllgatherOptions()
@@ -216,14 +204,12 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             for outs, x in pairs:
                 target = _joined(outs)
                 target = _flat_like(outs) if target is None else target
-                side = _HostSide(reads=[x], writes=[target])
-                comm.Allgather([side(x), MPI.BYTE], [side(target), MPI.BYTE])
-                side.write_back()
+                _collectives.allgather(x.reshape(-1), comm=comm, out=target)
                 _unpack(target, outs)
 
         return self._start("allgather", opts, output_tensors, call,
                            sum(_nbytes(x) for x in input_tensors) * self._size,
-                           [input_tensors, output_tensors])
+                           [input_tensors, output_tensors], dtypes=_dtypes(input_tensors))
 
     def _allgather_base(self, output, input, opts=None) -> Work:
         opts = opts if opts is not None else _AllgatherOptions()
@@ -233,17 +219,12 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             raise ValueError(f"fastreduce backend: all_gather_into_tensor needs an output of "
                              f"{self._size} x {input.numel()} elements of {input.dtype}, got "
                              f"{output.numel()} of {output.dtype}")
-        in_place = input.numel() > 0 and input.device == output.device and \
-            input.data_ptr() == output.data_ptr() + self._rank * _nbytes(input)
 
         def call(comm):
-            side = _HostSide(reads=[input], writes=[output])
-            send = MPI.IN_PLACE if in_place and not side.staged else [side(input), MPI.BYTE]
-            comm.Allgather(send, [side(output), MPI.BYTE])
-            side.write_back()
+            _collectives.allgather(input, comm=comm, out=output)
 
         return self._start("all_gather_into_tensor", opts, [output], call, _nbytes(output),
-                           [input, output])
+                           [input, output], dtypes=_dtypes([input]))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         for o, x in zip(outputs, inputs, strict=True):
@@ -294,21 +275,15 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                              f"{self._size} x {output.numel()} elements of {output.dtype}, got "
                              f"{input.numel()} of {input.dtype}")
         op, factor = _op_of(opts.reduceOp)
-        datatype, mpi_op = _collectives.mpi_reduction(output, op)
+        _collectives.mpi_reduction(output, op)  # a dtype the op refuses: before any call
         if factor is not None:
             input = input * factor
-        count, size = output.numel(), self._size
 
         def call(comm):
-            side = _HostSide(reads=[input], writes=[output])
-            comm.Reduce_scatter_block([side(input), count, datatype],
-                                      [side(output), count, datatype], op=mpi_op)
-            if op == "avg":
-                side.tensor(output).div_(size)
-            side.write_back()
+            _collectives.reduce_scatter(input, op, comm=comm, out=output)
 
         return self._start("reduce_scatter_tensor", opts, [output], call, _nbytes(input),
-                           [input, output])
+                           [input, output], op=op, dtypes=_dtypes([input]))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -333,18 +308,15 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
         def call(comm):
             if self._rank != root:
-                side = _HostSide(reads=[x])
-                comm.Gather([side(x), MPI.BYTE], None, root=root)
+                _collectives.gather(x, root, comm=comm)
                 return
             target = _joined(outs)
             target = _flat_like(outs) if target is None else target
-            side = _HostSide(reads=[x], writes=[target])
-            comm.Gather([side(x), MPI.BYTE], [side(target), MPI.BYTE], root=root)
-            side.write_back()
+            _collectives.gather(x.reshape(-1), root, comm=comm, out=target)
             _unpack(target, outs)
 
         return self._start("gather", opts, output_tensors, call, _nbytes(x) * self._size,
-                           [x, output_tensors])
+                           [x, output_tensors], root=root, dtypes=_dtypes([x]))
 
     def scatter(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -362,17 +334,11 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             raise ValueError("fastreduce backend: scatter takes input tensors on the root only")
 
         def call(comm):
-            if self._rank != root:
-                side = _HostSide(writes=[out])
-                comm.Scatter(None, [side(out), MPI.BYTE], root=root)
-            else:
-                flat = _packed(ins)
-                side = _HostSide(reads=[flat], writes=[out])
-                comm.Scatter([side(flat), MPI.BYTE], [side(out), MPI.BYTE], root=root)
-            side.write_back()
+            flat = _packed(ins) if self._rank == root else None
+            _collectives.scatter(flat, root, comm=comm, out=out.reshape(-1))
 
         return self._start("scatter", opts, output_tensors, call, _nbytes(out) * self._size,
-                           [out, input_tensors])
+                           [out, input_tensors], root=root, dtypes=_dtypes([out]))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
                       opts=None) -> Work:
@@ -382,17 +348,19 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         if output.dtype != input.dtype:
             raise ValueError(f"fastreduce backend: all_to_all_single output is {output.dtype}, "
                              f"input {input.dtype}; they must match")
-        send_counts = self._split_bytes(input, input_split_sizes, "input_split_sizes")
-        recv_counts = self._split_bytes(output, output_split_sizes, "output_split_sizes")
+        send_counts = self._split_elements(input, input_split_sizes, "input_split_sizes")
+        recv_counts = self._split_elements(output, output_split_sizes, "output_split_sizes")
+        even = not input_split_sizes and not output_split_sizes
 
         def call(comm):
-            side = _HostSide(reads=[input], writes=[output])
-            comm.Alltoallv([side(input), (send_counts, _displs(send_counts)), MPI.BYTE],
-                           [side(output), (recv_counts, _displs(recv_counts)), MPI.BYTE])
-            side.write_back()
+            if even:
+                _collectives.alltoall(input, comm=comm, out=output)
+            else:
+                _collectives.alltoall(input, comm=comm, out=output, send_counts=send_counts,
+                                      recv_counts=recv_counts)
 
         return self._start("all_to_all_single", opts, [output], call, _nbytes(input),
-                           [input, output])
+                           [input, output], dtypes=_dtypes([input]))
 
     def alltoall(self, output_tensors, input_tensors, opts=None) -> Work:
         for name, ts in (("output_tensors", output_tensors), ("input_tensors", input_tensors)):
@@ -472,18 +440,19 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 raise ValueError(f"fastreduce backend: {what}[{i}] has {len(ts)} tensors; "
                                  f"give one per rank of the group ({self._size})")
 
-    def _split_bytes(self, t, splits, what: str) -> list[int]:
+    def _split_elements(self, t, splits, what: str) -> list[int]:
+        """Elements per rank from torch's row counts (None or empty: equal rows)."""
         rows = t.shape[0] if t.dim() else 1
-        row_bytes = _nbytes(t) // rows if rows else 0
+        row = t.numel() // rows if rows else 0
         if not splits:
             if rows % self._size:
                 raise ValueError(f"fastreduce backend: all_to_all_single: {rows} rows do not "
                                  f"divide among {self._size} ranks; give {what}")
-            return [rows // self._size * row_bytes] * self._size
+            return [rows // self._size * row] * self._size
         if len(splits) != self._size or sum(splits) != rows or min(splits) < 0:
             raise ValueError(f"fastreduce backend: {what} {list(splits)} must be {self._size} "
                              f"non-negative row counts summing to {rows}")
-        return [int(s) * row_bytes for s in splits]
+        return [int(s) * row for s in splits]
 
     def _p2p_tensor(self, tensors, peer, what: str):
         if len(tensors) != 1:
@@ -560,31 +529,14 @@ class _AnySourceReceive:
         return self._result(status)
 
 
-def _recorded(call: Callable, name: str, comm, nbytes: int) -> Callable:
-    """call, recorded in the flight record while it runs (a timeout is set)."""
-    def run(c):
-        entry = watchdog.begin(name, comm, nbytes, "bytes")
-        try:
-            call(c)
-        except BaseException:
-            watchdog.end(entry, False)
-            raise
-        watchdog.end(entry)
-
-    return run
-
-
 def _any_cuda(tensors) -> bool:
     """Whether any tensor in a (nested) list is on a GPU."""
     return any(_any_cuda(t) if isinstance(t, (list, tuple)) else t.is_cuda for t in tensors)
 
 
-def _displs(counts: list[int]) -> list[int]:
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return out
+def _dtypes(tensors) -> str:
+    """The tensors' dtypes, for debug mode's check."""
+    return ",".join(str(t.dtype).removeprefix("torch.") for t in tensors)
 
 
 def _blocking(opts, like=None):
