@@ -40,6 +40,8 @@ from .backend.collectives import (  # noqa: E402
     gather,
     iallreduce,
     iallreduce_,
+    irecv,
+    isend,
     recv,
     reduce_,
     reduce_scatter,
@@ -145,6 +147,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "irecv",
+    "isend",
     "send",
     "scatter",
     "reduce_scatter",

@@ -180,7 +180,8 @@ def test_gradient_sync(debug_checks):
 @mismatch_case
 @pytest.mark.across_nodes
 def test_torch_backend(debug_checks, comm):
-    """The torch.distributed backend: a different root, a different byte count."""
+    """The torch.distributed backend: a different root, element count, op, dtype, or
+    all-to-all splits that do not pair up; the data stays as it was."""
     import torch.distributed as dist
 
     import fastreduce.distributed  # noqa: F401
@@ -196,7 +197,20 @@ def test_torch_backend(debug_checks, comm):
         n = 2 if rank else 3
         expect_everywhere(debug_checks,
                           lambda: dist.all_gather_into_tensor(torch.empty(p * n),
-                                                              torch.ones(n)), ["bytes"])
+                                                              torch.ones(n)), ["count"])
+        op = dist.ReduceOp.SUM if rank else dist.ReduceOp.MAX
+        kept = torch.full((3,), float(rank + 1))
+        expect_everywhere(debug_checks, lambda: dist.reduce(kept, dst=0, op=op), ["op"])
+        debug_checks.check(torch.equal(kept, torch.full((3,), float(rank + 1))),
+                           f"reduce's tensor changed: {kept}")
+        dtype = torch.float32 if rank else torch.int32
+        expect_everywhere(debug_checks, lambda: dist.reduce_scatter_tensor(
+            torch.zeros(2, dtype=dtype), torch.ones(2 * p, dtype=dtype)), ["dtype"])
+        # rank 0 sends 2 rows to everyone; the others expect 1 row from rank 0
+        send = [2] * p if rank == 0 else [1] * p
+        recv = [1] * p if rank else [2] + [1] * (p - 1)
+        expect_everywhere(debug_checks, lambda: dist.all_to_all_single(
+            torch.zeros(sum(recv)), torch.ones(sum(send)), recv, send), ["do not pair up"])
     dist.destroy_process_group()
 
 

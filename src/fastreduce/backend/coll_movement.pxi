@@ -105,6 +105,7 @@ cdef int _issue(Move* m, const void* send, void* recv) noexcept nogil:
     cdef int64_t n
     cdef int ierr = MPI_SUCCESS
     cdef int c = <int>m.count
+    cdef MPI_Message message = MPI_MESSAGE_NULL
     if m.kind == MOVE_BCAST or m.kind == MOVE_REDUCE:
         while ierr == MPI_SUCCESS and (done < m.count or done == 0):
             n = min(limit, m.count - done)
@@ -141,6 +142,13 @@ cdef int _issue(Move* m, const void* send, void* recv) noexcept nogil:
         return MPI_Scatter(send, c, m.unit, recv, c, m.unit, m.root, m.comm)
     if m.kind == MOVE_SEND:
         return MPI_Send(send, c, m.unit, m.root, m.tag, m.comm)
+    if m.kind == MOVE_RECV and m.root == MPI_ANY_SOURCE:
+        # a matched probe: MPICH 5.0 with UCX over TCP leaves a posted any-source receive
+        # unmatched across nodes; a matched probe and a named receive are not affected
+        ierr = MPI_Mprobe(MPI_ANY_SOURCE, m.tag, m.comm, &message, &m.status)
+        if ierr == MPI_SUCCESS:
+            ierr = MPI_Mrecv(recv, c, m.unit, &message, &m.status)
+        return ierr
     if m.kind == MOVE_RECV:
         return MPI_Recv(recv, c, m.unit, m.root, m.tag, m.comm, &m.status)
     return MPI_ERR_OTHER
@@ -725,8 +733,8 @@ def send(x, dest, tag=0, *, comm=None):
 
 
 def recv(x, source=None, tag=None, *, comm=None) -> tuple:
-    """Receive into x from rank `source` of comm (None: any rank) with `tag` (None: any
-    tag) (MPI_Recv); returns (source, tag) of the message."""
+    """Receive into x from rank `source` of comm (None: any rank, through a matched probe)
+    with `tag` (None: any tag) (MPI_Recv); returns (source, tag) of the message."""
     cdef BufferView view
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int rank = 0, size = 1
@@ -758,3 +766,92 @@ cdef int _check_tag(object tag, str call) except -1:
     if not isinstance(tag, int) or isinstance(tag, bool) or tag < 0:
         raise ValueError(f"fastreduce: {call}: tag must be a non-negative int, not {tag!r}")
     return 0
+
+
+def isend(x, dest, tag=0, *, comm=None) -> Request:
+    """Start sending x to rank `dest` of comm (MPI_Isend); wait() returns x once it may be
+    reused. GPU memory not handed to MPI is copied to pinned memory before this returns."""
+    return _p2p_start(x, dest, tag, comm, False)
+
+
+def irecv(x, source, tag=0, *, comm=None) -> Request:
+    """Start receiving into x from rank `source` of comm with `tag` (MPI_Irecv); wait()
+    returns x once the message is in it. (From any rank: recv, which probes first.)"""
+    return _p2p_start(x, source, tag, comm, True)
+
+
+cdef Request _p2p_start(object x, object peer, object tag, object comm, bint receiving):
+    """A started MPI_Isend or MPI_Irecv of x's memory, or of pinned memory for GPU memory
+    the path does not hand to MPI (a send's copied in now, a receive's copied out by the
+    wait or test that sees it complete), in a Request."""
+    cdef str call = "irecv" if receiving else "isend"
+    cdef BufferView view
+    cdef MPI_Comm handle = MPI_COMM_NULL
+    cdef int rank = 0, size = 1
+    cdef Move m
+    _resolve_comm(comm, &handle)
+    _rank_size(handle, &rank, &size)
+    _check_rank(peer, size, "source" if receiving else "dest", call)
+    _check_tag(tag, call)
+    owner = acquire(x, &view, receiving, "x")
+    cdef int64_t nbytes = view.count * _itemsize(&view)
+    memset(&m, 0, sizeof(Move))
+    m.kind = MOVE_RECV if receiving else MOVE_SEND
+    m.comm = handle
+    _set_unit(&m, _itemsize(&view), nbytes, call)
+    cdef int units = <int>(nbytes // m.unit_bytes)
+    cdef Request req = Request.__new__(Request)
+    req.handles = <MPI_Request*>malloc(sizeof(MPI_Request))
+    if req.handles == NULL:
+        raise MemoryError("fastreduce: out of memory for an MPI request")
+    req.result, req.keep = x, (x, owner, _storage(x, &view))
+    req.comm = default_comm() if comm is None else comm
+    req.red, req.count, req.handle = get_reduction(KIND_UINT8, OP_SUM), nbytes, handle
+    req.receiving, req.stage_back = receiving, receiving
+    if receiving:
+        req.status.MPI_SOURCE = peer  # named: known without the status (wait_all's too)
+    cdef char* buffer = view.data
+    cdef cudaStream_t stream = <cudaStream_t>view.stream
+    cdef Staging* ctx = NULL
+    cdef int dest = peer
+    cdef int ctag = tag
+    cdef int ierr
+    if view.on_device:
+        _check_capture(&view, &view)
+        if (view.device_type == kDLCUDAManaged
+                or _movement_path(&m, comm, &view, NULL) == PATH_DIRECT):
+            with nogil:
+                stream_sync(stream)
+        else:
+            ctx = staging_take(view.device_id, max(nbytes, 1))
+            try:
+                with nogil:
+                    staging_order(ctx, stream)  # the pinned memory's last reader has finished
+                    if nbytes and not receiving:
+                        copy_async(ctx.host, view.data, nbytes, MEMCPY_D2H, stream)
+                    stream_sync(stream)
+            except BaseException:
+                _drain(ctx, stream)
+                staging_give(ctx)
+                raise
+            req.staging, req.device_dst, req.stream = ctx, view.data, stream
+            req.own_stream = view.own_stream
+            buffer = ctx.host
+    with nogil:
+        if receiving:
+            ierr = MPI_Irecv(buffer, units, m.unit, dest, ctag, handle, &req.handles[0])
+        else:
+            ierr = MPI_Isend(buffer, units, m.unit, dest, ctag, handle, &req.handles[0])
+    if ierr != MPI_SUCCESS:
+        if req.staging != NULL:
+            staging_give(req.staging)
+            req.staging = NULL
+        CHKERR(ierr)
+    req.nhandles = 1
+    req.pending = True
+    _pending.add(req)
+    if receiving:
+        _guard(req, &view, owner)
+    if _recording:
+        return _recorded(req, comm, f"{call} {'from' if receiving else 'to'} {dest}", &view)
+    return req

@@ -10,7 +10,8 @@ _orphaned = []  # buffers of requests whose communicator was freed before they c
 
 @cython.no_gc_clear  # __dealloc__ needs `job` and `keep` even when the request was in a cycle
 cdef class Request:
-    """A started non-blocking all-reduce: wait() returns its result, test() never blocks.
+    """A started non-blocking operation (all-reduce, isend, irecv): wait() returns its
+    result, test() never blocks.
 
     The request keeps every tensor it uses alive until it completes. One that is
     dropped without wait() is completed when it is garbage-collected, or at
@@ -36,6 +37,9 @@ cdef class Request:
     cdef object flight        # its flight-record entry, while a timeout is set
     cdef object writeback     # a Resolved: the result goes into a lazy view when done
     cdef char* result_data    # the torch result's memory when it started (else NULL)
+    cdef bint stage_back      # staged: the pinned memory goes back to the device when done
+    cdef bint receiving       # a point-to-point receive: `source` tells whose message it was
+    cdef MPI_Status status    # a one-handle request's status (a receive's source)
     cdef object __weakref__
 
     def __cinit__(self):
@@ -44,6 +48,9 @@ cdef class Request:
         self.pending = False
         self.staging = NULL
         self.result_data = NULL
+        self.stage_back = True
+        self.receiving = False
+        self.status.MPI_SOURCE = -1
 
     def __dealloc__(self):
         if self.pending and self.job is not None:
@@ -153,7 +160,7 @@ cdef class Request:
     cdef int _stage_out(self) except -1:
         """Copy the reduced pinned buffer back to the device, on the producer's stream."""
         cdef Staging* ctx = self.staging
-        cdef size_t nbytes = self.count * self.red.itemsize
+        cdef size_t nbytes = self.count * self.red.itemsize if self.stage_back else 0
         try:
             with nogil:
                 if nbytes:
@@ -184,8 +191,9 @@ cdef class Request:
         return 0
 
     def wait(self):
-        """Block until the reduction is done (GIL released) and return the result tensor."""
+        """Block until the operation is done (GIL released) and return the result tensor."""
         cdef int ierr
+        cdef MPI_Status* statuses
         if self.flight is not None and self.pending:
             _flight_waiting(self.flight)
         if self.pending and self.job is not None:
@@ -194,13 +202,14 @@ cdef class Request:
                 self._finish_job()
         elif self.pending:
             self._check_comm()
+            statuses = &self.status if self.nhandles == 1 else MPI_STATUSES_IGNORE
             with nogil:
-                ierr = MPI_Waitall(self.nhandles, self.handles, MPI_STATUSES_IGNORE)
+                ierr = MPI_Waitall(self.nhandles, self.handles, statuses)
             self._finish(ierr)
         return self.result
 
     def test(self) -> bool:
-        """Whether the reduction is done (advancing it); never blocks."""
+        """Whether the operation is done (advancing it); never blocks."""
         cdef int flag = 0
         cdef int ierr
         if not self.pending:
@@ -211,14 +220,15 @@ cdef class Request:
             self._finish_job()
             return True
         self._check_comm()
-        ierr = MPI_Testall(self.nhandles, self.handles, &flag, MPI_STATUSES_IGNORE)
+        ierr = MPI_Testall(self.nhandles, self.handles, &flag,
+                           &self.status if self.nhandles == 1 else MPI_STATUSES_IGNORE)
         if ierr != MPI_SUCCESS or flag:
             self._finish(ierr)
             return True
         return False
 
     def add_done_callback(self, fn) -> None:
-        """Call fn(request) once the reduction is done: at once if it is; for a request of
+        """Call fn(request) once the operation is done: at once if it is; for a request of
         the progress engine from its thread when it finishes (wait() then returns at once),
         for others from the wait() or test() that sees it complete."""
         if not self.pending:
@@ -237,8 +247,13 @@ cdef class Request:
 
     @property
     def done(self) -> bool:
-        """True once wait() or test() has seen the reduction complete."""
+        """True once wait() or test() has seen the operation complete."""
         return not self.pending
+
+    @property
+    def source(self) -> int:
+        """A completed receive's sender (irecv), else -1."""
+        return self.status.MPI_SOURCE if self.receiving and not self.pending else -1
 
 
 cdef bint _by_engine(int64_t count, const Reduction* red) except -1:

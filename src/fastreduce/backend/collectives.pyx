@@ -23,7 +23,7 @@ from .cudart cimport (
     staging_take, stream_sync,
 )
 from .dlpack cimport kDLCUDA, kDLCUDAManaged
-from .dtypes cimport NKINDS
+from .dtypes cimport KIND_UINT8, NKINDS
 from .engine cimport Job, enabled, host_enabled, on_engine_thread, submit, wait_for
 from .mpierrors cimport CHKERR
 from .pathchoice cimport PATH_DIRECT, PATH_STAGED, agreed_already, choose_movement_path, choose_path

@@ -14,6 +14,8 @@ cdef extern from "mpicompat.h" nogil:
 
     ctypedef struct _mpi_request_t
     ctypedef _mpi_request_t* MPI_Request
+    ctypedef struct _mpi_message_t
+    ctypedef _mpi_message_t* MPI_Message
     ctypedef struct MPI_Status:
         int MPI_SOURCE
         int MPI_TAG
@@ -37,6 +39,7 @@ cdef extern from "mpicompat.h" nogil:
     MPI_Comm MPI_COMM_NULL
     MPI_Errhandler MPI_ERRORS_RETURN
     MPI_Request MPI_REQUEST_NULL
+    MPI_Message MPI_MESSAGE_NULL
     MPI_Status* MPI_STATUS_IGNORE
     MPI_Status* MPI_STATUSES_IGNORE
 
@@ -111,6 +114,8 @@ cdef extern from "mpicompat.h" nogil:
     int MPI_Isend(const void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
     int MPI_Irecv(void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
     int MPI_Get_count(const MPI_Status*, MPI_Datatype, int*)
+    int MPI_Mprobe(int, int, MPI_Comm, MPI_Message*, MPI_Status*)
+    int MPI_Mrecv(void*, int, MPI_Datatype, MPI_Message*, MPI_Status*)
     int MPI_Testall(int, MPI_Request*, int*, MPI_Status*)
 
     # _mpicompat.h

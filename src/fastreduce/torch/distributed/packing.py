@@ -1,5 +1,5 @@
-"""Tensor checks, host-side copies, packing and unpacking, and reduce-op translation for the
-torch.distributed backend."""
+"""Tensor checks, packing and unpacking, and reduce-op translation for the torch.distributed
+backend."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 
-from ... import gpupaths
 from ...backend import collectives as _collectives
 from ...errors import BackendError
 from ..dense import check_dense
@@ -56,50 +54,6 @@ def _check_tensor(t, what: str) -> None:
 
 def _nbytes(t) -> int:
     return t.numel() * t.element_size()
-
-
-def _memory(t):
-    """t's memory as an mpi4py buffer (no copy)."""
-    return MPI.buffer.fromaddress(t.data_ptr(), _nbytes(t))
-
-
-def _device_direct() -> bool:
-    """Whether blocking MPI calls here may take CUDA device pointers."""
-    return gpupaths.device_pointer_support().blocking
-
-
-class _HostSide:
-    """The memory MPI reads and writes for some tensors: their own on the CPU, and on the
-    GPU where the MPI takes device pointers; else pinned host copies, filled from the
-    tensors MPI reads and copied back by write_back() into the tensors MPI writes."""
-
-    def __init__(self, reads: Sequence = (), writes: Sequence = ()):
-        tensors = list(reads) + list(writes)
-        cuda = any(t.is_cuda for t in tensors)
-        self.staged = cuda and not _device_direct()
-        self._writes = list(writes)
-        self._host: dict[int, torch.Tensor] = {}
-        if cuda:
-            torch.cuda.current_stream().synchronize()  # MPI reads what the stream produced
-        if self.staged:
-            for t in tensors:
-                if t.is_cuda and id(t) not in self._host:
-                    self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            for t in reads:
-                if t.is_cuda:
-                    self._host[id(t)].copy_(t)
-
-    def __call__(self, t):
-        """The memory MPI works on for t: an mpi4py buffer."""
-        return _memory(self._host.get(id(t), t))
-
-    def tensor(self, t):
-        return self._host.get(id(t), t)
-
-    def write_back(self) -> None:
-        for t in self._writes:
-            if id(t) in self._host:
-                t.copy_(self._host[id(t)])
 
 
 def _joined(tensors: Sequence):

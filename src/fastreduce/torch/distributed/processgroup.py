@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import functools
 import threading
 from collections.abc import Callable, Sequence
 
@@ -11,7 +10,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ... import _abi, checks, watchdog
+from ... import checks
 from ...backend import collectives as _collectives
 from ...backend import engine as _engine
 from ...errors import BackendError
@@ -20,7 +19,6 @@ from .packing import (
     _check_same,
     _check_tensor,
     _flat_like,
-    _HostSide,
     _joined,
     _nbytes,
     _op_of,
@@ -394,34 +392,18 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
     def send(self, tensors, dst_rank: int, tag: int = 0) -> Work:
         t = self._p2p_tensor(tensors, dst_rank, "dst")
-        side = _HostSide(reads=[t])
-        request = self._comm.Isend([side(t), MPI.BYTE], dest=dst_rank, tag=tag)
-        return Work([t], mpi_request=request, flight=self._flight(f"send to {dst_rank}", t)
-                    )._then(side.write_back)  # keeps the copy alive
+        request = _collectives.isend(t, dst_rank, tag, comm=self._comm)
+        return Work([t], mpi_request=request)
 
     def recv(self, tensors, src_rank: int, tag: int = 0) -> Work:
         t = self._p2p_tensor(tensors, src_rank, "src")
-        return self._irecv(t, src_rank, tag)
+        request = _collectives.irecv(t, src_rank, tag, comm=self._comm)
+        return Work([t], mpi_request=request, source=src_rank)
 
     def recv_anysource(self, tensors, tag: int = 0) -> Work:
         t = self._p2p_tensor(tensors, None, "src")
-        return self._irecv(t, MPI.ANY_SOURCE, tag)
-
-    def _irecv(self, t, source: int, tag: int) -> Work:
-        side = _HostSide(writes=[t])
-        if source == MPI.ANY_SOURCE and _probe_any_source():
-            request = _AnySourceReceive(self._comm, [side(t), MPI.BYTE], tag)
-        else:
-            request = self._comm.Irecv([side(t), MPI.BYTE], source=source, tag=tag)
-        peer = "any rank" if source == MPI.ANY_SOURCE else source
-        return Work([t], mpi_request=request, source=source,
-                    flight=self._flight(f"recv from {peer}", t))._then(side.write_back)
-
-    def _flight(self, name: str, t):
-        """A point-to-point call's flight record entry, while a timeout is set."""
-        if watchdog._timeout is None:
-            return None
-        return watchdog.begin(name, self._comm, _nbytes(t), "bytes", blocking=False)
+        return Work([t], mpi_request=_AnySourceReceive(self._comm, t, tag),
+                    source=MPI.ANY_SOURCE)
 
     # -- helpers --
 
@@ -464,29 +446,22 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return tensors[0]
 
 
-@functools.cache
-def _probe_any_source() -> bool:
-    """Whether a receive from any source goes through a matched probe: MPICH 5.0 with UCX
-    over TCP, across nodes, leaves a posted MPI_Irecv(MPI_ANY_SOURCE) unmatched for good
-    while the message waits (a receive from a named rank and MPI_Mprobe are not affected;
-    with MPI_Irecv a tag given as MPI_ANY_TAG would be too, which torch never passes)."""
-    return _abi.mpi_family(MPI.Get_library_version()) == "MPICH"
-
-
 class _AnySourceReceive:
-    """An any-source receive as a request (Wait, Test): MPI_Mprobe, then MPI_Mrecv of the
-    matched message. Under MPI_THREAD_MULTIPLE a helper thread started when the receive is
-    posted does it, so the receive is pending from the start, as a posted MPI_Irecv is (a
-    rank may send before it waits); otherwise Wait does it. Unlike MPI_Irecv, two pending
-    receives that can match the same message match in the order they probe."""
+    """A receive from any rank as a request (wait(), test(), done, source): the compiled
+    core's recv, which probes first (MPICH 5.0 with UCX over TCP leaves a posted
+    MPI_Irecv(MPI_ANY_SOURCE) unmatched across nodes). Under MPI_THREAD_MULTIPLE a helper
+    thread started when the receive is posted makes it, so the receive is pending from the
+    start, as a posted MPI_Irecv is (a rank may send before it waits); otherwise wait()
+    does, or test() once a probe finds a message. Two pending receives that can match the
+    same message match in the order they probe."""
 
-    def __init__(self, comm: MPI.Intracomm, buffer, tag: int):
+    def __init__(self, comm: MPI.Intracomm, tensor, tag: int):
         self._comm = comm
-        self._buffer = buffer
+        self._tensor = tensor
         self._tag = tag
-        self._source = MPI.ANY_SOURCE
+        self.source = -1
         self._error: BaseException | None = None
-        self._done = False
+        self.done = False
         self._thread = None
         if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             self._thread = threading.Thread(target=self._receive, daemon=True,
@@ -494,39 +469,36 @@ class _AnySourceReceive:
             self._thread.start()
 
     def _receive(self) -> None:
-        status = MPI.Status()
         try:
-            self._comm.Mprobe(MPI.ANY_SOURCE, self._tag).Recv(self._buffer, status)
-            self._source = status.Get_source()
-        except BaseException as exc:  # noqa: BLE001  (raised by Wait or Test)
+            self.source, _ = _collectives.recv(self._tensor, None, self._tag, comm=self._comm)
+        except BaseException as exc:  # noqa: BLE001  (raised by wait or test)
             self._error = exc
-        self._done = True
+        self.done = True
 
-    def _result(self, status: MPI.Status | None) -> bool:
+    def _result(self):
         if self._error is not None:
             raise self._error
-        if status is not None:
-            status.Set_source(self._source)
-            status.Set_tag(self._tag)
-        return True
+        return self._tensor
 
-    def Wait(self, status: MPI.Status | None = None) -> None:  # noqa: N802  (mpi4py's name)
+    def wait(self):
+        """Block until the message is in the tensor; returns it."""
         if self._thread is not None:
             self._thread.join()
-        elif not self._done:
+        elif not self.done:
             self._receive()
-        self._result(status)
+        return self._result()
 
-    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
-        if self._thread is None and not self._done:
-            probed = MPI.Status()
-            if self._comm.Iprobe(MPI.ANY_SOURCE, self._tag, probed):
+    def test(self) -> bool:
+        """Whether the message is in the tensor (receiving it if a probe finds it here)."""
+        if self._thread is None and not self.done:
+            if self._comm.Iprobe(MPI.ANY_SOURCE, self._tag):
                 self._receive()  # a message is there: the matched probe returns at once
-        if not self._done:
+        if not self.done:
             return False
         if self._thread is not None:
             self._thread.join()  # finished: returns at once
-        return self._result(status)
+        self._result()
+        return True
 
 
 def _any_cuda(tensors) -> bool:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ... import watchdog
 from ...backend import engine as _engine
 
 
@@ -19,13 +17,13 @@ class Work(dist.Work):
     completes when MPI has completed (from the progress engine's thread), unprompted."""
 
     def __init__(self, result: list, *, request=None, job=None, mpi_request=None,
-                 source: int = -1, flight=None):
+                 source: int = -1):
         super().__init__()
         self._result = result
         self._error: BaseException | None = None
         self._request = request          # a fastreduce Request run by the progress engine
         self._job = job                  # an engine job (other collectives)
-        self._mpi_request = mpi_request  # an mpi4py request (point-to-point)
+        self._mpi_request = mpi_request  # a point-to-point request (wait, test, source)
         self._finished = request is None and job is None and mpi_request is None
         self._future = None  # made on demand for work that is already complete
         if self._finished:
@@ -34,31 +32,17 @@ class Work(dist.Work):
         self._source = source
         self._lock = threading.Lock()
         self._waiter = None
-        self._after: Callable[[], None] | None = None
-        self._flight = flight  # point-to-point work's flight record entry (a timeout is set)
         if request is not None:
             request.add_done_callback(self._from_request)
         elif job is not None:
             job.add_done_callback(self._from_job)
-
-    def _then(self, fn: Callable[[], None]) -> Work:
-        """Run fn (e.g. a copy back to the device) once MPI is done, before completing."""
-        self._after = fn
-        return self
 
     def _finish(self, error: BaseException | None) -> None:
         with self._lock:
             if self._finished:
                 return
             self._finished = True
-        if error is None and self._after is not None:
-            try:
-                self._after()
-            except BaseException as exc:  # noqa: BLE001  (reported by wait() and the future)
-                error = exc
         self._error = error
-        if self._flight is not None:
-            watchdog.end(self._flight, error is None)
         if error is None:
             self._future.set_result(self._result)
         else:
@@ -76,13 +60,10 @@ class Work(dist.Work):
         self._finish(job.error)
 
     def _wait_mpi(self) -> None:
-        if self._flight is not None:
-            watchdog.waiting(self._flight)
         try:
-            status = MPI.Status()
-            self._mpi_request.Wait(status)
+            self._mpi_request.wait()
             if self._source == MPI.ANY_SOURCE:
-                self._source = status.Get_source()
+                self._source = self._mpi_request.source
         except BaseException as exc:  # noqa: BLE001
             self._finish(exc)
         else:
@@ -107,11 +88,15 @@ class Work(dist.Work):
         if self._future is None:
             return True
         if self._mpi_request is not None and self._waiter is None and not self._finished:
-            status = MPI.Status()
-            if self._mpi_request.Test(status):
-                if self._source == MPI.ANY_SOURCE:  # the sender, for recv_anysource
-                    self._source = status.Get_source()
-                self._finish(None)
+            try:
+                completed = self._mpi_request.test()
+            except BaseException as exc:  # noqa: BLE001  (reported by wait() and the future)
+                self._finish(exc)
+            else:
+                if completed:
+                    if self._source == MPI.ANY_SOURCE:  # the sender, for recv_anysource
+                        self._source = self._mpi_request.source
+                    self._finish(None)
         return self._future.done()
 
     def is_success(self) -> bool:
