@@ -13,7 +13,6 @@ submitted them, their handle then complete.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 
@@ -498,16 +497,6 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # -- movement: allgather, broadcast, alltoall, reducescatter -------------------------------------
 
-def _host(t: torch.Tensor) -> torch.Tensor:
-    """The memory MPI works on: t itself on the CPU, a host copy of a CUDA tensor."""
-    return t if t.device.type == "cpu" else t.cpu()
-
-
-def _buffer(t: torch.Tensor):
-    return MPI.buffer.fromaddress(t.data_ptr(), t.numel() * t.element_size()) if t.numel() \
-        else MPI.buffer(bytearray(0))
-
-
 def _done(name, comm, result, event) -> int:
     """A handle for an operation complete already (its result)."""
     return handles.start([], lambda: result, (id(comm), name), event)
@@ -557,18 +546,15 @@ def _handle(name, comm, run, event, tensor) -> int:
 
 
 def _allgather_now(comm, tensor, rows_everywhere=None):
-    """MPI_Allgatherv of tensor's rows (dim 0 may differ across ranks); the output."""
+    """The compiled core's uneven all-gather (MPI_Allgatherv) of tensor's rows (dim 0 may
+    differ across ranks), on the tensor's device; the output and every rank's rows."""
     rows = tensor.shape[0] if tensor.dim() else 1
     counts = rows_everywhere if rows_everywhere is not None else comm.allgather(rows)
-    row_bytes = (tensor.numel() // rows if rows else int(np.prod(tensor.shape[1:]))) * \
-        tensor.element_size()
+    row = int(np.prod(tensor.shape[1:], dtype=np.int64))
     trailing = tuple(tensor.shape[1:]) if tensor.dim() else ()
-    out = torch.empty((sum(counts), *trailing), dtype=tensor.dtype)
-    byte_counts = [c * row_bytes for c in counts]
-    displs = [0, *itertools.accumulate(byte_counts)][:-1]
-    src = _host(tensor)
-    comm.Allgatherv([_buffer(src), MPI.BYTE], [_buffer(out), (byte_counts, displs), MPI.BYTE])
-    return out.to(tensor.device), counts
+    out = torch.empty((sum(counts), *trailing), dtype=tensor.dtype, device=tensor.device)
+    _core.allgather(tensor, comm=comm, out=out, counts=[c * row for c in counts])
+    return out, counts
 
 
 def _allgather_start(tensor, name, process_set, kind="allgather", blocking=False):
@@ -700,11 +686,7 @@ def _broadcast_start(tensor, output, root_rank, name, process_set, kind="broadca
     def run(c):
         if output is not tensor:
             output.copy_(tensor)
-        host = _host(output)
-        c.Bcast([_buffer(host), MPI.BYTE], root=ranks.index(root_rank))
-        if host is not output:
-            output.copy_(host)
-        return output
+        return _core.broadcast_(output, ranks.index(root_rank), comm=c)
 
     return _submit(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape),
                                   int(root_rank), tensor.device.type),
@@ -791,16 +773,12 @@ def _alltoall_start(tensor, splits, name, process_set, blocking=False):
     def run(c):
         received = np.empty(size, np.int64)
         c.Alltoall(np.asarray(sends, np.int64), received)
-        row_bytes = int(np.prod(tensor.shape[1:], dtype=np.int64)) * tensor.element_size()
-        out = torch.empty((int(received.sum()), *tensor.shape[1:]), dtype=tensor.dtype)
-        send_bytes = [s * row_bytes for s in sends]
-        recv_bytes = [int(r) * row_bytes for r in received]
-        src = _host(tensor)
-        c.Alltoallv([_buffer(src), (send_bytes, [0, *itertools.accumulate(send_bytes)][:-1]),
-                     MPI.BYTE],
-                    [_buffer(out), (recv_bytes, [0, *itertools.accumulate(recv_bytes)][:-1]),
-                     MPI.BYTE])
-        return out.to(tensor.device), torch.from_numpy(received.astype(np.int32))
+        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        out = torch.empty((int(received.sum()), *tensor.shape[1:]), dtype=tensor.dtype,
+                          device=tensor.device)
+        _core.alltoall(tensor, comm=c, out=out, send_counts=[s * row for s in sends],
+                       recv_counts=[int(r) * row for r in received])
+        return out, torch.from_numpy(received.astype(np.int32))
 
     return _submit(comm, lambda: ("alltoall", str(tensor.dtype), tuple(tensor.shape[1:]),
                                   tensor.device.type),
@@ -859,15 +837,15 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
     def run(c):
         rows = tensor.shape[0]
         mine = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
-        row_elems = int(np.prod(tensor.shape[1:], dtype=np.int64))
-        src = _host(tensor).clone()
+        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        src = tensor.clone()
         _scale_(src, prescale)
-        out = torch.empty((mine[me], *tensor.shape[1:]), dtype=tensor.dtype)
-        datatype, mpi_op = _core.mpi_reduction(src, _MPI_OPS[op])
-        c.Reduce_scatter([_buffer(src), datatype], [_buffer(out), datatype],
-                         [m * row_elems for m in mine], mpi_op)
+        out = torch.empty((mine[me], *tensor.shape[1:]), dtype=tensor.dtype,
+                          device=tensor.device)
+        _core.reduce_scatter(src, _MPI_OPS[op], comm=c, out=out,
+                             counts=[m * row for m in mine])
         _scale_(out, postscale / size if op == Average else postscale)
-        return out.to(tensor.device)
+        return out
 
     return _submit(comm, lambda: (kind, str(tensor.dtype), tuple(tensor.shape),
                                   _OP_NAMES.get(op, op), float(prescale), float(postscale),
