@@ -25,9 +25,8 @@ import weakref
 import torch
 from mpi4py import MPI
 
-from .. import gpupaths
 from ..backend import engine as _engine
-from ..backend.collectives import allreduce_, default_comm, iallreduce_
+from ..backend.collectives import allreduce_, broadcast_, default_comm, iallreduce_
 from ..backend.reductions import COMPRESSIONS
 from ..timeline import Trace
 from .buckets import BucketEngine, Reduction, check_schedule, plan_buckets
@@ -123,19 +122,12 @@ class GradientSync:
         return dict(self._engine.chooser.measured)
 
     def sync_parameters(self) -> None:
-        """Copy rank 0's parameters and buffers to every rank (collective)."""
-        # device pointers only to an MPI that promises blocking collectives on them
-        through_host = (not gpupaths.device_pointer_support().blocking
-                        or gpupaths.gpu_path_mode()[0] == "staged")
+        """Copy rank 0's parameters and buffers to every rank (collective): the compiled
+        core's broadcast, on each tensor's device (the GPU path as for every collective)."""
         with torch.no_grad():
             for t in list(self.module.parameters()) + list(self.module.buffers()):
                 data = t.data if t.is_contiguous() else t.data.contiguous()
-                if data.device.type != "cpu":
-                    if through_host:  # an MPI that cannot read GPU memory gets host memory
-                        data = data.cpu()
-                    else:  # MPI reads the device memory: let queued writes finish first
-                        torch.cuda.current_stream(data.device).synchronize()
-                self.comm.Bcast(data, root=0)
+                broadcast_(data, 0, comm=self.comm)
                 if data is not t.data:
                     t.data.copy_(data)
 
