@@ -40,6 +40,13 @@ from .backend.collectives import (  # noqa: E402
     gather,
     iallreduce,
     iallreduce_,
+    iallgather,
+    ialltoall,
+    ibroadcast_,
+    igather,
+    ireduce_,
+    ireduce_scatter,
+    iscatter,
     irecv,
     isend,
     recv,
@@ -147,6 +154,13 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "iallgather",
+    "ialltoall",
+    "ibroadcast_",
+    "igather",
+    "ireduce_",
+    "ireduce_scatter",
+    "iscatter",
     "irecv",
     "isend",
     "send",

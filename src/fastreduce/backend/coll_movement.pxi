@@ -378,11 +378,84 @@ cdef int _debug_move(object comm, str call, BufferView* view, object op, object 
     return 0
 
 
+# --- now, or on the progress engine -------------------------------------------------------
+
+cdef class _MoveJob(Job):
+    """A non-blocking data-movement call on host memory, run by the progress engine on its
+    duplicate of the communicator (the call's counts are the job's: freed with it)."""
+
+    cdef Move m
+    cdef BufferView dev
+    cdef const char* send
+    cdef char* recv
+    cdef object dup
+    cdef object keep
+    cdef str call
+    cdef int64_t count
+    cdef int kind
+    cdef const Reduction* red
+
+    def __dealloc__(self):
+        _free_move(&self.m)
+
+    cdef int execute(self) except -1:
+        self.m.comm = <MPI_Comm>(<MPI.Comm>self.dup).ob_mpi
+        return _run_move(&self.m, &self.dev, self.send, self.recv, self.dup, self.call,
+                         self.count, self.kind, self.red)
+
+    cdef int cleanup(self) except -1:
+        self.keep = None
+        _free_move(&self.m)
+        return 0
+
+
+cdef object _finish_move(Move* m, BufferView* dev, const char* send, char* recv, object comm,
+                         str call, int64_t count, int kind, const Reduction* red, bint start,
+                         object result, object writeback, object keep):
+    """Run the call now and return its result (in a Request that is done, when `start`); or,
+    started on host memory with the progress engine on (every rank decides alike), queue it
+    on the engine and return its Request. GPU memory runs now: its copies keep to the
+    caller's stream order. `writeback`: a lazy view's Resolved, written back when done."""
+    cdef _MoveJob job
+    cdef Request req
+    if start and not dev.on_device and enabled():
+        job = _MoveJob.__new__(_MoveJob)
+        job.m = m[0]
+        m.recv_counts = m.recv_displs = m.send_counts = m.send_displs = NULL  # the job's now
+        job.dev = dev[0]
+        job.send, job.recv, job.red = send, recv, red
+        job.dup, job.keep = _engine_comm(comm), keep
+        job.call, job.count, job.kind = call, count, kind
+        req = Request.__new__(Request)
+        req.job, req.result, req.keep, req.pending = job, result, keep, True
+        req.writeback = writeback
+        _pending.add(req)
+        submit(job)
+        return req
+    _run_move(m, dev, send, recv, comm, call, count, kind, red)
+    if writeback is not None:
+        _write_back(writeback)
+    if not start:
+        return result
+    req = Request.__new__(Request)
+    req.result = result
+    return req
+
+
 # --- the calls --------------------------------------------------------------------------
 
 def broadcast_(x, root=0, *, comm=None):
     """Broadcast x from rank `root` of comm into x on every other rank (MPI_Bcast);
     returns x."""
+    return _broadcast(x, root, comm, False)
+
+
+def ibroadcast_(x, root=0, *, comm=None) -> Request:
+    """Start broadcast_; a Request whose wait() returns x."""
+    return _broadcast(x, root, comm, True)
+
+
+cdef object _broadcast(object x, root, comm, bint start):
     cdef BufferView view
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int rank = 0, size = 1
@@ -400,16 +473,24 @@ def broadcast_(x, root=0, *, comm=None):
     m.writes_recv = rank != root
     m.recv_bytes = nbytes
     if _debug:
-        _debug_move(comm, "broadcast_", &view, None, root, None)
-    _run_move(&m, &view, NULL, view.data, comm, "broadcast_", view.count, view.kind, NULL)
-    if view.lazy and rank != root:
-        _write_back(_owner)
-    return x
+        _debug_move(comm, "ibroadcast_" if start else "broadcast_", &view, None, root, None)
+    return _finish_move(&m, &view, NULL, view.data, comm, "broadcast_", view.count, view.kind,
+                        NULL, start, x, _owner if view.lazy and rank != root else None,
+                        (x, _owner))
 
 
 def reduce_(x, op="sum", root=0, *, comm=None):
     """Reduce x over comm into x on rank `root` (MPI_Reduce, in place there); x is only
     read on the other ranks. Returns x."""
+    return _reduce(x, op, root, comm, False)
+
+
+def ireduce_(x, op="sum", root=0, *, comm=None) -> Request:
+    """Start reduce_; a Request whose wait() returns x."""
+    return _reduce(x, op, root, comm, True)
+
+
+cdef object _reduce(object x, op, root, comm, bint start):
     cdef BufferView view
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
@@ -432,18 +513,25 @@ def reduce_(x, op="sum", root=0, *, comm=None):
     m.divide_kind = red.divide_kind if rank == root else -1
     m.divide_count = view.count
     if _debug:
-        _debug_move(comm, "reduce_", &view, op, root, None)
-    _run_move(&m, &view, view.data, view.data if rank == root else NULL, comm, "reduce_",
-              view.count, view.kind, red)
-    if view.lazy and rank == root:
-        _write_back(_owner)
-    return x
+        _debug_move(comm, "ireduce_" if start else "reduce_", &view, op, root, None)
+    return _finish_move(&m, &view, view.data, view.data if rank == root else NULL, comm,
+                        "reduce_", view.count, view.kind, red, start, x,
+                        _owner if view.lazy and rank == root else None, (x, _owner))
 
 
 def allgather(x, *, comm=None, out=None, counts=None):
     """Every rank's x, in rank order, into out on every rank (MPI_Allgather; with `counts`,
     each rank's element count, MPI_Allgatherv); x may be this rank's part of out (in
     place). Returns out (new when None)."""
+    return _allgather(x, comm, out, counts, False)
+
+
+def iallgather(x, *, comm=None, out=None, counts=None) -> Request:
+    """Start allgather; a Request whose wait() returns out."""
+    return _allgather(x, comm, out, counts, True)
+
+
+cdef object _allgather(object x, comm, out, counts, bint start):
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int rank = 0, size = 1
@@ -488,20 +576,27 @@ def allgather(x, *, comm=None, out=None, counts=None):
             _to_units(&m, m.recv_counts, m.recv_displs, [int(c) for c in counts], size, item)
         m.count = view.count * item // m.unit_bytes
         if _debug:
-            _debug_move(comm, "allgather", &view, None, None, counts)
-        _run_move(&m, &view, view.data, result.data, comm, "allgather", total, view.kind,
-                  NULL)
+            _debug_move(comm, "iallgather" if start else "allgather", &view, None, None, counts)
+        return _finish_move(&m, &view, view.data, result.data, comm, "allgather", total, view.kind,
+                  NULL, start, out,
+                            out_owner if result.lazy else None, (x, _owner, out, out_owner))
     finally:
-        _free_move(&m)
-    if result.lazy:
-        _write_back(out_owner)
-    return out
+        _free_move(&m)  # (nothing left to free when a job took the counts)
 
 
 def reduce_scatter(x, op="sum", *, comm=None, out=None, counts=None):
     """Reduce x over comm and give rank r the r-th part into out (MPI_Reduce_scatter_block:
     equal parts; with `counts`, each rank's element count, MPI_Reduce_scatter). Returns
     out (new when None)."""
+    return _reduce_scatter(x, op, comm, out, counts, False)
+
+
+def ireduce_scatter(x, op="sum", *, comm=None, out=None, counts=None) -> Request:
+    """Start reduce_scatter; a Request whose wait() returns out."""
+    return _reduce_scatter(x, op, comm, out, counts, True)
+
+
+cdef object _reduce_scatter(object x, op, comm, out, counts, bint start):
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef const Reduction* red = NULL
@@ -547,20 +642,27 @@ def reduce_scatter(x, op="sum", *, comm=None, out=None, counts=None):
             for i in range(size):
                 m.recv_counts[i] = int(counts[i])
         if _debug:
-            _debug_move(comm, "reduce_scatter", &view, op, None, counts)
-        _run_move(&m, &view, view.data, result.data, comm, "reduce_scatter", view.count,
-                  view.kind, red)
+            _debug_move(comm, "ireduce_scatter" if start else "reduce_scatter", &view, op, None, counts)
+        return _finish_move(&m, &view, view.data, result.data, comm, "reduce_scatter", view.count,
+                  view.kind, red, start, out,
+                            out_owner if result.lazy else None, (x, _owner, out, out_owner))
     finally:
-        _free_move(&m)
-    if result.lazy:
-        _write_back(out_owner)
-    return out
+        _free_move(&m)  # (nothing left to free when a job took the counts)
 
 
 def alltoall(x, *, comm=None, out=None, send_counts=None, recv_counts=None):
     """Part j of x to rank j, part r of out from rank r (MPI_Alltoall: equal parts; with
     send_counts and recv_counts, element counts per rank, MPI_Alltoallv). Returns out (new
     when None)."""
+    return _alltoall(x, comm, out, send_counts, recv_counts, False)
+
+
+def ialltoall(x, *, comm=None, out=None, send_counts=None, recv_counts=None) -> Request:
+    """Start alltoall; a Request whose wait() returns out."""
+    return _alltoall(x, comm, out, send_counts, recv_counts, True)
+
+
+cdef object _alltoall(object x, comm, out, send_counts, recv_counts, bint start):
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int rank = 0, size = 1
@@ -606,21 +708,28 @@ def alltoall(x, *, comm=None, out=None, send_counts=None, recv_counts=None):
             _to_units(&m, m.recv_counts, m.recv_displs, [int(c) for c in recv_counts], size,
                       item)
         if _debug:
-            _debug_move(comm, "alltoall", &view, None, None, None, None if send_counts is None
+            _debug_move(comm, "ialltoall" if start else "alltoall", &view, None, None, None, None if send_counts is None
                         else ([int(c) for c in send_counts], [int(c) for c in recv_counts]))
-        _run_move(&m, &view, view.data, result.data, comm, "alltoall", view.count,
-                  view.kind, NULL)
+        return _finish_move(&m, &view, view.data, result.data, comm, "alltoall", view.count,
+                  view.kind, NULL, start, out,
+                            out_owner if result.lazy else None, (x, _owner, out, out_owner))
     finally:
-        _free_move(&m)
-    if result.lazy:
-        _write_back(out_owner)
-    return out
+        _free_move(&m)  # (nothing left to free when a job took the counts)
 
 
 def gather(x, root=0, *, comm=None, out=None):
     """Every rank's x, in rank order, into out on rank `root` (MPI_Gather); x may be the
     root's part of out (in place). Returns out on the root (new when None), None
     elsewhere."""
+    return _gather(x, root, comm, out, False)
+
+
+def igather(x, root=0, *, comm=None, out=None) -> Request:
+    """Start gather; a Request whose wait() returns out on the root, None elsewhere."""
+    return _gather(x, root, comm, out, True)
+
+
+cdef object _gather(object x, root, comm, out, bint start):
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int rank = 0, size = 1
@@ -652,19 +761,26 @@ def gather(x, root=0, *, comm=None, out=None):
     _set_unit(&m, item, m.send_bytes * size, "gather")
     m.count = m.send_bytes // m.unit_bytes
     if _debug:
-        _debug_move(comm, "gather", &view, None, root, None)
-    _run_move(&m, &view, view.data, result.data, comm, "gather", view.count, view.kind, NULL)
-    if rank != root:
-        return None
-    if result.lazy:
-        _write_back(out_owner)
-    return out
+        _debug_move(comm, "igather" if start else "gather", &view, None, root, None)
+    return _finish_move(&m, &view, view.data, result.data, comm, "gather", view.count,
+                        view.kind, NULL, start, out if rank == root else None,
+                        out_owner if rank == root and result.lazy else None,
+                        (x, _owner, out, out_owner))
 
 
 def scatter(x, root=0, *, comm=None, out=None):
     """Part r of x on rank `root` into out on rank r (MPI_Scatter); x is read on the root
     only (None elsewhere), out may be the root's part of x (in place). Returns out (new
     on the root when None; the other ranks must give it)."""
+    return _scatter(x, root, comm, out, False)
+
+
+def iscatter(x, root=0, *, comm=None, out=None) -> Request:
+    """Start scatter; a Request whose wait() returns out."""
+    return _scatter(x, root, comm, out, True)
+
+
+cdef object _scatter(object x, root, comm, out, bint start):
     cdef BufferView view, result
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int rank = 0, size = 1
@@ -704,12 +820,10 @@ def scatter(x, root=0, *, comm=None, out=None):
     _set_unit(&m, item, m.recv_bytes * size, "scatter")
     m.count = m.recv_bytes // m.unit_bytes
     if _debug:
-        _debug_move(comm, "scatter", &result, None, root, None)
-    _run_move(&m, &result, view.data if rank == root else NULL, result.data, comm, "scatter",
-              result.count, result.kind, NULL)
-    if result.lazy:
-        _write_back(out_owner)
-    return out
+        _debug_move(comm, "iscatter" if start else "scatter", &result, None, root, None)
+    return _finish_move(&m, &result, view.data if rank == root else NULL, result.data, comm,
+                        "scatter", result.count, result.kind, NULL, start, out,
+                        out_owner if result.lazy else None, (x, x_owner, out, out_owner))
 
 
 def send(x, dest, tag=0, *, comm=None):
