@@ -254,9 +254,8 @@ cdef int _movement_path(Move* m, object comm, BufferView* dev, const Reduction* 
     agreement of its ranks); send and recv, which the other ranks do not join, take the
     staged path unless that agreement exists already and allows direct."""
     cdef int64_t nbytes = max(m.send_bytes, m.recv_bytes)
-    if (m.kind == MOVE_SEND or m.kind == MOVE_RECV) and not agreed_already(m.comm):
-        return PATH_STAGED
-    return choose_movement_path(comm, m.comm, nbytes, False, dev.kind, red)
+    return choose_movement_path(comm, m.comm, nbytes, False, dev.kind, red,
+                                m.kind != MOVE_SEND and m.kind != MOVE_RECV)
 
 
 # --- the checks every call makes before any MPI call -------------------------------------
@@ -576,10 +575,11 @@ cdef object _allgather(object x, comm, out, counts, bint start):
             _to_units(&m, m.recv_counts, m.recv_displs, [int(c) for c in counts], size, item)
         m.count = view.count * item // m.unit_bytes
         if _debug:
-            _debug_move(comm, "iallgather" if start else "allgather", &view, None, None, counts)
-        return _finish_move(&m, &view, view.data, result.data, comm, "allgather", total, view.kind,
-                  NULL, start, out,
-                            out_owner if result.lazy else None, (x, _owner, out, out_owner))
+            _debug_move(comm, "iallgather" if start else "allgather", &view, None, None,
+                        counts)
+        return _finish_move(&m, &view, view.data, result.data, comm, "allgather", total,
+                            view.kind, NULL, start, out, out_owner if result.lazy else None,
+                            (x, _owner, out, out_owner))
     finally:
         _free_move(&m)  # (nothing left to free when a job took the counts)
 
@@ -642,9 +642,10 @@ cdef object _reduce_scatter(object x, op, comm, out, counts, bint start):
             for i in range(size):
                 m.recv_counts[i] = int(counts[i])
         if _debug:
-            _debug_move(comm, "ireduce_scatter" if start else "reduce_scatter", &view, op, None, counts)
-        return _finish_move(&m, &view, view.data, result.data, comm, "reduce_scatter", view.count,
-                  view.kind, red, start, out,
+            _debug_move(comm, "ireduce_scatter" if start else "reduce_scatter", &view, op,
+                        None, counts)
+        return _finish_move(&m, &view, view.data, result.data, comm, "reduce_scatter",
+                            view.count, view.kind, red, start, out,
                             out_owner if result.lazy else None, (x, _owner, out, out_owner))
     finally:
         _free_move(&m)  # (nothing left to free when a job took the counts)
@@ -708,10 +709,11 @@ cdef object _alltoall(object x, comm, out, send_counts, recv_counts, bint start)
             _to_units(&m, m.recv_counts, m.recv_displs, [int(c) for c in recv_counts], size,
                       item)
         if _debug:
-            _debug_move(comm, "ialltoall" if start else "alltoall", &view, None, None, None, None if send_counts is None
+            _debug_move(comm, "ialltoall" if start else "alltoall", &view, None, None, None,
+                        None if send_counts is None
                         else ([int(c) for c in send_counts], [int(c) for c in recv_counts]))
         return _finish_move(&m, &view, view.data, result.data, comm, "alltoall", view.count,
-                  view.kind, NULL, start, out,
+                            view.kind, NULL, start, out,
                             out_owner if result.lazy else None, (x, _owner, out, out_owner))
     finally:
         _free_move(&m)  # (nothing left to free when a job took the counts)

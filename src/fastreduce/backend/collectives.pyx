@@ -26,7 +26,7 @@ from .dlpack cimport kDLCUDA, kDLCUDAManaged
 from .dtypes cimport KIND_UINT8, NKINDS
 from .engine cimport Job, enabled, host_enabled, on_engine_thread, submit, wait_for
 from .mpierrors cimport CHKERR
-from .pathchoice cimport PATH_DIRECT, PATH_STAGED, agreed_already, choose_movement_path, choose_path
+from .pathchoice cimport PATH_DIRECT, choose_movement_path, choose_path
 from .libmpi cimport *
 from .reductions cimport (
     OP_AVG, OP_SUM, Reduction, compression_code, get_compressed, get_reduction, op_code,

@@ -14,5 +14,4 @@ cdef enum:
 cdef int choose_path(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
                      const Reduction* red, int kind) except -1
 cdef int choose_movement_path(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
-                              int kind, const Reduction* red) except -1
-cdef bint agreed_already(MPI_Comm handle) except -1
+                              int kind, const Reduction* red, bint collective) except -1

@@ -104,18 +104,20 @@ cdef int _decide(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
         return PATH_STAGED
     if choose_algorithm(plan_for(handle), nbytes) != FR_ALGO_MPI:  # combines on the host
         return PATH_STAGED
-    return _decide_agreed(comm, handle, nbytes, nonblocking, kind)
+    return _decide_agreed(comm, handle, nbytes, nonblocking, kind == KIND_FLOAT16
+                          or kind == KIND_BFLOAT16)
 
 
 cdef int _decide_agreed(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
-                        int kind) except -1:
-    """The agreed mode, the MPI's promise and auto mode's size table."""
+                        bint half) except -1:
+    """The agreed mode, the MPI's promise (half: for its 16-bit float datatypes too) and
+    auto mode's size table."""
     cdef const Agreed* agreed = _agreed(comm, handle)
     if agreed.mode == MODE_STAGED:
         return PATH_STAGED
     if not (agreed.nonblocking if nonblocking else agreed.blocking):
         return PATH_STAGED
-    if (kind == KIND_FLOAT16 or kind == KIND_BFLOAT16) and not agreed.half:
+    if half and not agreed.half:
         return PATH_STAGED
     if agreed.mode == MODE_DIRECT:
         return PATH_DIRECT
@@ -135,27 +137,27 @@ cdef int choose_path(object comm, MPI_Comm handle, int64_t nbytes, bint nonblock
 
 
 cdef int choose_movement_path(object comm, MPI_Comm handle, int64_t nbytes, bint nonblocking,
-                              int kind, const Reduction* red) except -1:
+                              int kind, const Reduction* red, bint collective) except -1:
     """PATH_DIRECT or PATH_STAGED for a data-movement call (broadcast, gathers, all-to-all,
-    send/recv; red: the reduction of reduce and reduce-scatter, else NULL) on CUDA device
-    memory (counted): as for all-reduce, less the all-reduce algorithm's part."""
+    send/recv; red: the reduction of reduce and reduce-scatter, else NULL: bytes moved, so
+    16-bit floats need no MPI datatype of theirs) on CUDA device memory (counted): as for
+    all-reduce, less the all-reduce algorithm's part. A call the other ranks do not join
+    (not `collective`: send, recv) cannot start the ranks' agreement: staged until it is
+    made."""
     global _direct_calls, _staged_calls
     cdef int path
     if red != NULL and (not red.predefined or red.divide_kind >= 0):
         path = PATH_STAGED  # fastreduce's own op, or avg's division: on the host
+    elif not collective and _kept(handle) == NULL:
+        path = PATH_STAGED
     else:
-        path = _decide_agreed(comm, handle, nbytes, nonblocking, kind)
+        path = _decide_agreed(comm, handle, nbytes, nonblocking, red != NULL and (
+            kind == KIND_FLOAT16 or kind == KIND_BFLOAT16))
     if path == PATH_DIRECT:
         _direct_calls += 1
     else:
         _staged_calls += 1
     return path
-
-
-cdef bint agreed_already(MPI_Comm handle) except -1:
-    """Whether the communicator's ranks have agreed on the GPU path settings (no
-    communication)."""
-    return _kept(handle) != NULL
 
 
 def path_counts() -> dict:
