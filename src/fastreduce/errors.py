@@ -15,6 +15,9 @@ __all__ = [
     "ClusterError",
     "CollectiveMismatch",
     "FastreduceError",
+    "HorovodArgumentError",
+    "HorovodInternalError",
+    "HorovodMismatch",
     "SettingError",
     "UsageError",
 ]
@@ -53,3 +56,19 @@ class UsageError(FastreduceError):
 class ClusterError(FastreduceError, RuntimeError):
     """The cluster on one machine (``fastreduce.cluster``) cannot be made, used or removed:
     the message names the command that failed and what to do."""
+
+
+class HorovodInternalError(FastreduceError, RuntimeError):
+    """An operation of ``fastreduce.horovod`` failed (Horovod's name for the error its
+    collectives raise)."""
+
+
+class HorovodArgumentError(FastreduceError, ValueError, RuntimeError):
+    """An argument Horovod refuses with a RuntimeError (e.g. hvd.Adasum in reducescatter):
+    a ValueError as fastreduce's refusals are, and a RuntimeError as Horovod's."""
+
+
+class HorovodMismatch(CollectiveMismatch, HorovodInternalError):
+    """The ranks of a process set submitted different collectives under one name (dtype,
+    shape, op, root...), a rank refused its arguments, or every rank waits for a request
+    the others never submitted: raised on every rank concerned."""

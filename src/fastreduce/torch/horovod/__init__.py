@@ -14,6 +14,7 @@ implemented. See docs/horovod.md.
 """
 
 from ..._version import __version__
+from ...errors import HorovodArgumentError, HorovodInternalError, HorovodMismatch
 from .basics import (
     ccl_built,
     cross_rank,
@@ -44,7 +45,6 @@ from .functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .negotiation import HorovodArgumentError, HorovodInternalError, HorovodMismatch
 from .ops import (
     Adasum,
     Average,

@@ -6,8 +6,8 @@ import pickle
 
 import torch
 
+from ...errors import HorovodInternalError
 from .basics import rank
-from .negotiation import HorovodInternalError
 from .ops import allgather, broadcast_, broadcast_async_, synchronize
 from .process_sets import global_process_set
 

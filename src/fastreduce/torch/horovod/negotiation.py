@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import agreement, watchdog
-from ...errors import CollectiveMismatch, FastreduceError
+from ...errors import HorovodInternalError, HorovodMismatch
 from . import world
 
 # a round's status; LISTED: the rank's pending list differs from "one new request"
@@ -50,21 +50,6 @@ _polls = [0]  # the sets with a round in flight that does not wait
 # to a round is seen there
 _ROUND = "fastreduce.horovod: a round of the matching by name (MPI_Iallgather)"
 _LISTS = "fastreduce.horovod: the ranks' pending lists (MPI_Allgather)"
-
-
-class HorovodInternalError(FastreduceError, RuntimeError):
-    """An operation failed (Horovod's name for the error its collectives raise)."""
-
-
-class HorovodArgumentError(FastreduceError, ValueError, RuntimeError):
-    """An argument Horovod refuses with a RuntimeError (e.g. hvd.Adasum in reducescatter):
-    a ValueError as fastreduce's refusals are, and a RuntimeError as Horovod's."""
-
-
-class HorovodMismatch(CollectiveMismatch, HorovodInternalError):
-    """The ranks of a process set submitted different collectives under one name (dtype,
-    shape, op, root...), a rank refused its arguments, or every rank waits for a request
-    the others never submitted: raised on every rank concerned."""
 
 
 class Request:

@@ -23,10 +23,10 @@ from mpi4py import MPI
 from ... import watchdog
 from ...backend import collectives as _core
 from ...backend import engine as _engine
+from ...errors import HorovodArgumentError, HorovodMismatch
 from ..dense import check_dense
 from . import handles, negotiation, timeline, world
 from .compression import Compression
-from .negotiation import HorovodArgumentError, HorovodMismatch
 from .process_sets import ProcessSet, _comm_of, global_process_set
 
 __all__ = [
