@@ -78,6 +78,25 @@ cdef int _set_unit(Move* m, int64_t itemsize, int64_t largest_bytes, str call) e
                         f"into parts and call once per part")
 
 
+cdef int _agreed_unit(Move* m, int64_t itemsize, int64_t largest_bytes, MPI_Comm handle,
+                      object comm, str call) except -1:
+    """_set_unit for a call whose counts differ between ranks (uneven all-to-all): the
+    ranks first learn whether any is past what one MPI call takes (one 4-byte
+    MPI_Allreduce), so that all refuse together instead of some waiting for ever."""
+    cdef int32_t past = largest_bytes // itemsize > count_limit()
+    cdef int ierr
+    with _setup_recorded(f"{call}: whether a rank's part is too large (MPI_Allreduce)",
+                         default_comm() if comm is None else comm):
+        with nogil:
+            ierr = MPI_Allreduce(MPI_IN_PLACE, &past, 1, MPI_INT32_T, MPI_MAX, handle)
+        CHKERR(ierr)
+    if past and largest_bytes // itemsize <= count_limit():
+        raise OverflowError(f"fastreduce: {call}: another rank's part is past what one MPI "
+                            f"call takes here ({count_limit()} elements); split the tensor "
+                            f"into parts and call once per part")
+    return _set_unit(m, itemsize, largest_bytes, call)
+
+
 cdef inline int64_t _itemsize(BufferView* v) noexcept:
     return (v.dtype.bits * v.dtype.lanes + 7) // 8
 
@@ -696,7 +715,11 @@ cdef object _alltoall(object x, comm, out, send_counts, recv_counts, bint start)
     m.recv_bytes = received * item
     m.writes_recv = True
     try:
-        _set_unit(&m, item, max(m.send_bytes, m.recv_bytes), "alltoall")
+        if send_counts is None:
+            _set_unit(&m, item, max(m.send_bytes, m.recv_bytes), "alltoall")
+        else:
+            _agreed_unit(&m, item, max(m.send_bytes, m.recv_bytes), handle, comm,
+                         "alltoall")
         if send_counts is None:
             m.kind = MOVE_ALLTOALL
             m.count = view.count // size * item // m.unit_bytes

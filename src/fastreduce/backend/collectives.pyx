@@ -12,7 +12,7 @@ the flight record are hooks the Python core installs (coll_hooks.pxi).
 cimport cython
 from mpi4py cimport MPI
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 

@@ -42,6 +42,16 @@ cdef class Job:
         """After execute(), for a job whose request was dropped: release what it holds."""
         return 0
 
+    def test(self) -> bool:
+        """Whether the job is done; never blocks."""
+        return self.done
+
+    def wait(self) -> None:
+        """Block (GIL released) until the job is done; raise what it raised."""
+        wait_for(self)
+        if self.error is not None:
+            raise self.error
+
     def add_done_callback(self, fn) -> None:
         """Call fn(job) once the job is done (at once if it is), from the engine's thread,
         possibly just after a wait() for it has returned; fn must not wait for requests."""
@@ -77,10 +87,8 @@ def submit_call(fn) -> Job:
 
 
 def wait_job(Job job) -> None:
-    """Block (GIL released) until the job is done; raise what it raised."""
-    wait_for(job)
-    if job.error is not None:
-        raise job.error
+    """Block (GIL released) until the job is done; raise what it raised (job.wait())."""
+    job.wait()
 
 
 _queue = collections.deque()
