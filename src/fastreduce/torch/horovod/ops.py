@@ -502,21 +502,6 @@ def _done(name, comm, result, event) -> int:
     return handles.start([], lambda: result, (id(comm), name), event)
 
 
-class _JobRequest:
-    """A handle's view of a progress-engine job: test() and wait() as a Request's."""
-
-    __slots__ = ("job",)
-
-    def __init__(self, job):
-        self.job = job
-
-    def test(self) -> bool:
-        return self.job.done
-
-    def wait(self) -> None:
-        _engine.wait_job(self.job)
-
-
 def _movement(kind, name, comm, began, run, tensor):
     """launch() for a collective's data movement run(comm): run at once where every rank
     waits for it (its result), else a handle (_handle)."""
@@ -541,7 +526,7 @@ def _handle(name, comm, run, event, tensor) -> int:
         dup = _core.engine_comm(comm)
         box: list = []
         job = _engine.submit_call(lambda: box.append(run(dup)))
-        return handles.start([_JobRequest(job)], lambda: box[0], (id(comm), name), event)
+        return handles.start([job], lambda: box[0], (id(comm), name), event)  # a Job: test, wait
     return _done(name, comm, run(comm), event)
 
 
