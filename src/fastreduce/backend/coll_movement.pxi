@@ -469,7 +469,7 @@ def broadcast_(x, root=0, *, comm=None):
 
 
 def ibroadcast_(x, root=0, *, comm=None) -> Request:
-    """Start broadcast_; a Request whose wait() returns x."""
+    """Start ``broadcast_``; a Request whose wait() returns x."""
     return _broadcast(x, root, comm, True)
 
 
@@ -504,7 +504,7 @@ def reduce_(x, op="sum", root=0, *, comm=None):
 
 
 def ireduce_(x, op="sum", root=0, *, comm=None) -> Request:
-    """Start reduce_; a Request whose wait() returns x."""
+    """Start ``reduce_``; a Request whose wait() returns x."""
     return _reduce(x, op, root, comm, True)
 
 
@@ -545,7 +545,7 @@ def allgather(x, *, comm=None, out=None, counts=None):
 
 
 def iallgather(x, *, comm=None, out=None, counts=None) -> Request:
-    """Start allgather; a Request whose wait() returns out."""
+    """Start ``allgather``; a Request whose wait() returns out."""
     return _allgather(x, comm, out, counts, True)
 
 
@@ -611,7 +611,7 @@ def reduce_scatter(x, op="sum", *, comm=None, out=None, counts=None):
 
 
 def ireduce_scatter(x, op="sum", *, comm=None, out=None, counts=None) -> Request:
-    """Start reduce_scatter; a Request whose wait() returns out."""
+    """Start ``reduce_scatter``; a Request whose wait() returns out."""
     return _reduce_scatter(x, op, comm, out, counts, True)
 
 
@@ -678,7 +678,7 @@ def alltoall(x, *, comm=None, out=None, send_counts=None, recv_counts=None):
 
 
 def ialltoall(x, *, comm=None, out=None, send_counts=None, recv_counts=None) -> Request:
-    """Start alltoall; a Request whose wait() returns out."""
+    """Start ``alltoall``; a Request whose wait() returns out."""
     return _alltoall(x, comm, out, send_counts, recv_counts, True)
 
 
@@ -750,7 +750,7 @@ def gather(x, root=0, *, comm=None, out=None):
 
 
 def igather(x, root=0, *, comm=None, out=None) -> Request:
-    """Start gather; a Request whose wait() returns out on the root, None elsewhere."""
+    """Start ``gather``; a Request whose wait() returns out on the root, None elsewhere."""
     return _gather(x, root, comm, out, True)
 
 
@@ -801,7 +801,7 @@ def scatter(x, root=0, *, comm=None, out=None):
 
 
 def iscatter(x, root=0, *, comm=None, out=None) -> Request:
-    """Start scatter; a Request whose wait() returns out."""
+    """Start ``scatter``; a Request whose wait() returns out."""
     return _scatter(x, root, comm, out, True)
 
 
