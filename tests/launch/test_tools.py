@@ -105,6 +105,8 @@ def _torch_has_cuda() -> bool:
     (["-e", "1.5.2M"], "size '1.5.2M'"),
     (["--plot", "/nonexistent/r.png"], "--plot /nonexistent/r.png: the folder /nonexistent does"),
     (["--progress", "--no-progress"], "not allowed with argument"),
+    (["-c", "allgatherx"], "argument -c/--collective: invalid choice: 'allgatherx'"),
+    (["-c", "allgather", "-o", "max"], "-c allgather does not reduce"),
     pytest.param(["--device", "cuda"], "torch.cuda.is_available() is False",
                  marks=pytest.mark.skipif(_torch_has_cuda(), reason="this machine has a GPU")),
 ])
@@ -190,6 +192,26 @@ def test_topology_summary(per_rank, summary, listing, problems):
     assert record["nodes"] == len(record["node_names"]) == len(record["node_ranks"])
     assert sum(record["ranks_per_node"]) == len(per_rank)
     assert sorted(r for ranks in record["node_ranks"] for r in ranks) == list(range(len(per_rank)))
+
+
+def test_collective_sizes_follow_nccl_tests():
+    """-c's rows: nccl-tests' size (the larger of a rank's buffers) and count (a part, in
+    whole 16-byte units, at least one), and its busbw factors."""
+    from fastreduce.tools.benchmark import collectives as c
+
+    kib = [1 << 10, 1 << 20]
+    assert c.rows_for("allreduce", [4, 1 << 20], 4, 3) == [(4, 1), (1 << 20, 1 << 18)]
+    assert c.rows_for("allgather", kib, 4, 2) == [(1024, 128), (1 << 20, 1 << 17)]
+    # 3 ranks: 1 KiB / 3 = 85 floats, down to 84 (whole 16-byte units); 4 B: one unit each
+    assert c.rows_for("reduce_scatter", [4, 16, 1024], 4, 3) == [(48, 4), (1008, 84)]
+    assert c.rows_for("alltoall", [1 << 20], 1, 8) == [(1 << 20, 1 << 17)]
+    assert c.rows_for("gather", [100], 8, 3) == [(96, 4)]  # float64: 2 per unit
+    assert c.rows_for("scatter", [4], 16, 2) == [(32, 1)]  # complex128: 1 per unit
+    assert c.rows_for("broadcast", [6], 2, 4) == [(6, 3)]
+    factors = {name: c.bus_factor(name, 4) for name in c.NAMES}
+    assert factors == {"allreduce": 1.5, "allgather": 0.75, "reduce_scatter": 0.75,
+                       "broadcast": 1.0, "alltoall": 0.75, "reduce": 1.0, "gather": 0.75,
+                       "scatter": 0.75}
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])

@@ -2,6 +2,7 @@
 
     mpiexec -n 4 fastreduce-bench -b 8 -e 128M -f 2
     mpiexec -n 2 fastreduce-bench --device cuda --gpu-paths auto,direct,staged
+    mpiexec -n 4 fastreduce-bench -c allgather -b 1K -e 256M
     srun -n 8 --mpi=pmix fastreduce-bench -d bfloat16 -o sum --partition 2x4 --axes 1
     python -m fastreduce.bench --help
 
@@ -18,6 +19,10 @@ table row replaces, where the launcher's output is a terminal (--progress forces
 --no-progress turns it off); piped output and the --json/--csv files never hold
 it. --plot FILE.png draws latency, algbw and busbw against message size (log
 axes), one line per column: fastreduce, each extra GPU path mode, each peer.
+
+-c times another collective (allgather, reduce_scatter, broadcast, alltoall, reduce,
+gather, scatter: collectives.py) in the same table, with nccl-tests' sizes and busbw
+factors, beside the C floor (bench/floor.c: floor.py) and mpi4py.
 """
 
 from .cli import build_parser, main

@@ -15,9 +15,10 @@ import fastreduce
 from ... import sizes, topology
 from ..._abi import first_line
 from ...errors import UsageError
-from .measure import _measure
+from . import collectives, floor
+from .measure import _measure, _measure_collective
 from .output import _unwritable, _write_outputs
-from .peers import PEERS, _init_torch, _torch_version
+from .peers import COLLECTIVE_PEERS, DEFAULT_COLLECTIVE_PEERS, PEERS, _init_torch, _torch_version
 from .progress import _Progress
 from .reference import DTYPES, ITEMSIZE, OPS
 
@@ -41,12 +42,19 @@ DESCRIPTION = "fastreduce-bench: an osu_allreduce / nccl-tests style all-reduce 
 def build_parser() -> argparse.ArgumentParser:
     """fastreduce-bench's argument parser; a usage error raises UsageError."""
     parser = _Parser(prog="fastreduce-bench", description=DESCRIPTION,
+                     epilog=collectives.help_text(),
                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-c", "--collective", default="allreduce", choices=collectives.NAMES,
+                        help="the collective to time (default allreduce); the others time "
+                        "fastreduce's call with out= given (broadcast and reduce: in place) "
+                        "beside the C floor and mpi4py (--peers), with nccl-tests' sizes and "
+                        "busbw (below)")
     parser.add_argument("-b", "--minbytes", default="4", help="smallest message (4, 1K, 1M)")
     parser.add_argument("-e", "--maxbytes", default="64M", help="largest message")
     parser.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor")
     parser.add_argument("-d", "--dtype", default="float32", choices=DTYPES)
-    parser.add_argument("-o", "--op", default="sum", choices=OPS)
+    parser.add_argument("-o", "--op", choices=OPS,
+                        help="the reduction (default sum; allreduce, reduce_scatter, reduce)")
     parser.add_argument("-n", "--iters", type=int, default=0,
                         help="timed iterations (default 1000 up to 64 KiB, fewer above)")
     parser.add_argument("-w", "--warmup", type=int, default=0,
@@ -63,10 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="iallreduce + wait instead of the blocking call")
     parser.add_argument("--partition", help="a Cartesian partition of the ranks, e.g. 2x2x3")
     parser.add_argument("--axes", help="reduce over these axes of --partition, e.g. 1,2")
-    parser.add_argument("--peers", default="", help="also time mpi4py, torch.distributed on "
-                        "gloo (torch) or on fastreduce's backend (torch-fastreduce), and/or "
-                        "fastreduce with segmentation off: --peers mpi4py,torch,"
-                        "torch-fastreduce,unsegmented")
+    parser.add_argument("--peers", help="also time the C floor (the MPI call in a C loop, "
+                        "bench/floor.c built with mpicc), mpi4py, torch.distributed on gloo "
+                        "(torch) or on fastreduce's backend (torch-fastreduce), and/or "
+                        "fastreduce with segmentation off (allreduce only): --peers c,mpi4py,"
+                        "torch,torch-fastreduce,unsegmented (default: none for allreduce, "
+                        "c,mpi4py for the other collectives)")
     parser.add_argument("--json", help="write every number to this file (rank 0)")
     parser.add_argument("--csv", help="write the table to this CSV file (rank 0)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw latency, algbw and busbw "
@@ -104,7 +114,12 @@ def sizes_from(args, itemsize: int) -> list[int]:
 
 def check_args(args, world_size: int):
     """Every check needs only the arguments and the world size: all ranks agree."""
-    if not fastreduce.supports(args.dtype, args.op):
+    coll = collectives.COLLECTIVES[args.collective]
+    if args.collective != "allreduce":
+        _check_collective(args, coll)
+    elif args.op is None:
+        args.op = "sum"
+    if args.op is not None and not fastreduce.supports(args.dtype, args.op):
         raise UsageError(f"op {args.op!r} is not defined for dtype {args.dtype}")
     if args.device == "cuda":
         if args.buffers != "torch":
@@ -147,15 +162,63 @@ def check_args(args, world_size: int):
     if args.device != "cuda" and modes:
         raise UsageError("--gpu-paths needs --device cuda")
     args.gpu_modes = modes or [None]  # None: the mode in force
+    if args.peers is None:
+        args.peers = "" if args.collective == "allreduce" else ",".join(DEFAULT_COLLECTIVE_PEERS)
+        args.peers_given = False
+    else:
+        args.peers_given = True
     peers = [p for p in args.peers.split(",") if p]
-    if any(p not in PEERS for p in peers):
-        raise UsageError(f"--peers {args.peers!r}: choose from {', '.join(PEERS)}")
+    allowed = PEERS if args.collective == "allreduce" else COLLECTIVE_PEERS
+    if any(p not in allowed for p in peers):
+        raise UsageError(f"--peers {args.peers!r}: choose from {', '.join(allowed)}"
+                         + ("" if args.collective == "allreduce"
+                            else f" (-c {args.collective})"))
+    if "c" in peers and args.device != "cpu":
+        raise UsageError("--peers c times MPI on host memory: use --device cpu")
+    typed = {"c"} if args.collective == "allreduce" else {"c", "mpi4py"}
+    if coll.reduces and typed & set(peers) and collectives.mpi_datatype(args.dtype,
+                                                                        True)[0] is None:
+        raise UsageError(f"--peers c,mpi4py: this MPI has no datatype for {args.dtype}")
+    if args.collective != "allreduce" and shape is not None and \
+            {"torch", "torch-fastreduce"} & set(peers):
+        raise UsageError("--peers torch,torch-fastreduce time the whole world: with -c "
+                         f"{args.collective}, leave out --partition")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
     return shape, axes, peers
+
+
+def _check_collective(args, coll) -> None:
+    """The options that only the all-reduce has; the op where the collective reduces."""
+    if coll.reduces:
+        args.op = args.op or "sum"
+    elif args.op is not None:
+        raise UsageError(f"-o/--op: -c {args.collective} does not reduce (the op is for "
+                         f"allreduce, reduce_scatter and reduce)")
+    for given, option in ((args.out_of_place, "--out-of-place"),
+                          (args.nonblocking, "--nonblocking"),
+                          (args.device != "cpu", "--device cuda"),
+                          (bool(args.gpu_paths), "--gpu-paths")):
+        if given:
+            raise UsageError(f"{option} is for -c allreduce only (-c {args.collective} "
+                             f"times the blocking call on host memory)")
+
+
+def _load_floor(args, world, peers: list[str]):
+    """The C floor where --peers has c; None where not. Where it cannot be built: a usage
+    error if --peers named it, else (the default columns) a note and no c column."""
+    if "c" not in peers:
+        return None, None
+    try:
+        return floor.load(world), None
+    except floor.FloorUnavailable as exc:
+        if args.peers_given:
+            raise UsageError(f"--peers c: the C floor cannot be built here: {exc}") from None
+        peers.remove("c")
+        return None, f"# no C floor column: {exc}".replace("\n", "\n#   ")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,10 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         shape, axes, peers = check_args(args, world.Get_size())
         itemsize = ITEMSIZE[args.dtype]
         sizes = sizes_from(args, itemsize)
+        if args.collective == "allreduce":
+            plan = [(nbytes, max(1, nbytes // itemsize)) for nbytes in sizes]
+        else:
+            group = (math.prod(shape[a] for a in axes) if shape is not None
+                     else world.Get_size())
+            plan = collectives.rows_for(args.collective, sizes, itemsize, group)
         # rank 0 writes the files: its view of the file system decides, before any timing
         problem = world.bcast(_unwritable(args) if rank == 0 else None)
         if problem:
             raise UsageError(problem)
+        lib, note = _load_floor(args, world, peers)
     except UsageError as exc:
         if rank == 0:
             parser.print_usage(sys.stderr)
@@ -192,17 +262,26 @@ def main(argv: list[str] | None = None) -> int:
     gloo = _init_torch(world, peers)
     aware, how = fastreduce.gpupaths.cuda_aware()
     nodes = topology.gather()
+    coll = collectives.COLLECTIVES[args.collective]
+    redop = args.op if coll.reduces else "none"
+    if args.collective == "allreduce":
+        mode = (("out of place" if args.out_of_place else "in place")
+                + (", non-blocking" if args.nonblocking else ", blocking"))
+    else:
+        mode = ("in place" if coll.in_place else "out of place (out= given)") + ", blocking"
     meta = {
         "fastreduce": fastreduce.__version__,
         "mpi": first_line(MPI.Get_library_version()),
         "ranks": world.Get_size(), **nodes.as_dict(), "topology": nodes.summary(),
         "communicator": where,
-        "device": args.device, "buffers": args.buffers, "dtype": args.dtype, "op": args.op,
-        "mode": ("out of place" if args.out_of_place else "in place")
-        + (", non-blocking" if args.nonblocking else ", blocking"),
+        "device": args.device, "buffers": args.buffers, "dtype": args.dtype, "op": redop,
+        "mode": mode,
         "cuda_aware": f"{'yes' if aware else 'no'} ({how})",
         "torch": _torch_version(),
     }
+    if args.collective != "allreduce":
+        meta.update(collective=args.collective, mpi_call=coll.mpi, root=collectives.ROOT,
+                    size_is=coll.size, count_is=coll.count, busbw_factor=coll.factor)
     gpu = args.device == "cuda"
     if gpu:
         meta["gpu_paths"] = fastreduce.gpupaths.gpu_path_settings()
@@ -217,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# WARNING: processor names and shared-memory groups disagree: {problem}")
         print(f"# device {args.device}, {args.buffers} buffers, {meta['mode']}; "
               f"CUDA-aware: {meta['cuda_aware']}")
+        if args.collective != "allreduce":
+            print(f"# collective {args.collective} ({coll.mpi}"
+                  + (f", root {collectives.ROOT}" if coll.name in collectives.ROOTED else "")
+                  + f"): size = {coll.size}, count = {coll.count}, busbw = algbw * "
+                  f"{coll.factor} (nccl-tests' conventions)")
+        if note:
+            print(note)
         if gpu:
             settings = meta["gpu_paths"]
             timed = ", ".join(m or settings["mode"] for m in args.gpu_modes)
@@ -229,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{'min(us)':>10} {'max(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
               f"{'#wrong':>7}{gpu_head}{peer_head}")
     rows = []
-    progress = _Progress.for_rank(rank, args, len(sizes))
-    for index, nbytes in enumerate(sizes):
-        count = max(1, nbytes // itemsize)
+    progress = _Progress.for_rank(rank, args, len(plan))
+    measure = _measure if args.collective == "allreduce" else _measure_collective
+    for index, (nbytes, count) in enumerate(plan):
         progress.size(index, nbytes)
-        row = _measure(args, comm, count, nbytes, p, peers, gloo, progress.step)
+        row = measure(args, comm, count, nbytes, p, peers, gloo, progress.step, lib)
         rows.append(row)
         if rank == 0:
             progress.clear()
@@ -243,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 gpu_cells = f" {row['path']:>7}" + "".join(
                     f" {row['modes'][m]['avg_us']:11.2f} {row['modes'][m]['path']:>7}"
                     for m in args.gpu_modes[1:])
-            print(f" {nbytes:>11} {count:>10} {args.dtype:>9} {args.op:>6} "
+            print(f" {nbytes:>11} {count:>10} {args.dtype:>9} {redop:>6} "
                   f"{row['avg_us']:10.2f} {row['min_us']:10.2f} {row['max_us']:10.2f} "
                   f"{row['algbw']:12.3f} {row['busbw']:12.3f} {row['wrong']:>7}{gpu_cells}"
                   f"{peer_cells}", flush=True)

@@ -1,5 +1,5 @@
 """One message size: fastreduce timed in each GPU path mode, the correctness check, then
-each peer."""
+each peer; for the other collectives (-c), fastreduce's call, its check, then each peer."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import numpy as np
 
 import fastreduce
 
-from .peers import _time_peer
+from . import collectives
+from .peers import _time_collective_peer, _time_peer
 from .reference import _rounded, as_numpy, expected, fill, make_buffer, rank_values
 from .timing import _iterations, _time_mode
 
 
 def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo,
-             step=lambda what: None) -> dict:
+             step=lambda what: None, floor=None) -> dict:
     """One size: every column's timing, and the correctness check; step(what) names each
     part as it starts (rank 0's status line)."""
     x = make_buffer(args.buffers, args.dtype, count, args.device)
@@ -66,5 +67,30 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo,
     for name in peers:
         step(name)
         row["peers"][name] = _time_peer(name, args, comm, count, iters, warmup, gloo,
-                                        call) * 1e6
+                                        call, floor) * 1e6
+    return row
+
+
+def _measure_collective(args, comm, count: int, nbytes: int, p: int, peers, gloo,
+                        step=lambda what: None, floor=None) -> dict:
+    """One row of a collective other than the all-reduce (-c): count and nbytes as
+    collectives.rows_for gives them (nccl-tests' count and size); the same fields as
+    _measure's rows."""
+    case = collectives.Case(args.collective, args.buffers, args.dtype, count, comm)
+    iters, warmup = _iterations(args, nbytes)
+    step("fastreduce")
+    times = _time_mode(args, comm, collectives.fastreduce_call(case, args.op, comm), iters,
+                       warmup, None)["times"]
+    avg = sum(times) / len(times)
+    row = {"bytes": nbytes, "count": count, "avg_us": avg * 1e6, "min_us": min(times) * 1e6,
+           "max_us": max(times) * 1e6, "algbw": nbytes / avg / 1e9,
+           "busbw": nbytes / avg / 1e9 * collectives.bus_factor(args.collective, p),
+           "peers": {}}
+    step("checking")
+    row["wrong"] = comm.allreduce(collectives.check(case, args.op, comm, args.inject_wrong))
+    del case  # its memory back before the peers allocate theirs
+    for name in peers:
+        step(name)
+        row["peers"][name] = _time_collective_peer(name, args, comm, count, iters, warmup,
+                                                   gloo, floor) * 1e6
     return row

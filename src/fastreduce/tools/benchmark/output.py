@@ -39,7 +39,7 @@ def _write_outputs(args, meta: dict, rows: list[dict], peers, group_size: int) -
             run = [meta["ranks"], meta["nodes"], ";".join(map(str, meta["ranks_per_node"])),
                    ";".join(meta["node_names"]), meta["mpi"]]
             for r in rows:
-                writer.writerow([r["bytes"], r["count"], args.dtype, args.op, r["avg_us"],
+                writer.writerow([r["bytes"], r["count"], args.dtype, meta["op"], r["avg_us"],
                                  r["min_us"], r["max_us"], r["algbw"], r["busbw"], r["wrong"],
                                  *[r["peers"][p] for p in peers], *run])
     if args.plot:

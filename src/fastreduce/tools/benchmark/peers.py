@@ -1,5 +1,6 @@
-"""The columns beside fastreduce: mpi4py, torch.distributed (gloo, or fastreduce's own
-backend) and fastreduce with segmentation off, and setting up torch.distributed for them."""
+"""The columns beside fastreduce: the C floor, mpi4py, torch.distributed (gloo, or
+fastreduce's own backend) and fastreduce with segmentation off, and setting up
+torch.distributed for them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import runtime
+from . import collectives
 from .timing import _time
 
-PEERS = ("mpi4py", "torch", "torch-fastreduce", "unsegmented")
+PEERS = ("c", "mpi4py", "torch", "torch-fastreduce", "unsegmented")
+# the peers of the collectives other than the all-reduce, and those they show by default
+COLLECTIVE_PEERS = ("c", "mpi4py", "torch", "torch-fastreduce")
+DEFAULT_COLLECTIVE_PEERS = ("c", "mpi4py")
 
 
 def _torch_version() -> str:
@@ -56,8 +61,14 @@ def init_gloo(world):
 
 
 def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
-               call=None) -> float:
-    if name == "unsegmented":  # fastreduce's own call with one MPI call per all-reduce
+               call=None, floor=None) -> float:
+    """Seconds per all-reduce of one peer, averaged over the ranks."""
+    if name == "c":  # MPI_Allreduce in a C loop on host memory, in place or not as timed
+        case = collectives.numpy_case("allreduce", args.dtype, count, comm)
+        if args.out_of_place:
+            case.out = np.zeros_like(case.x)
+        t = collectives.c_timer(floor, case, args.op, comm)(warmup, iters)
+    elif name == "unsegmented":  # fastreduce's own call with one MPI call per all-reduce
         old = runtime.set_segment_bytes(0)
         try:
             t = _time(comm, call, iters, warmup, args.device)
@@ -99,4 +110,21 @@ def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
         group = gloo[name]
         t = _time(comm, lambda: dist.all_reduce(t_buf, ops[args.op], group=group), iters,
                   warmup, args.device)
+    return comm.allreduce(t) / comm.Get_size()
+
+
+def _time_collective_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
+                          floor) -> float:
+    """Seconds per call of one peer of a collective other than the all-reduce (-c), on
+    buffers of its own, averaged over the ranks: the C floor and mpi4py on numpy arrays,
+    torch.distributed on tensors."""
+    if name == "c":
+        case = collectives.numpy_case(args.collective, args.dtype, count, comm)
+        t = collectives.c_timer(floor, case, args.op, comm)(warmup, iters)
+    elif name == "mpi4py":
+        case = collectives.numpy_case(args.collective, args.dtype, count, comm)
+        t = _time(comm, collectives.mpi4py_call(case, args.op, comm), iters, warmup)
+    else:
+        case = collectives.Case(args.collective, "torch", args.dtype, count, comm)
+        t = _time(comm, collectives.torch_call(case, args.op, gloo[name]), iters, warmup)
     return comm.allreduce(t) / comm.Get_size()

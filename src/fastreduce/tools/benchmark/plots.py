@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 
 from ...sizes import format_size
+from .collectives import COLLECTIVES, bus_factor
 
 
 def _columns(meta: dict, rows: list[dict], peers, group_size: int) -> list[tuple]:
     """(label, latency in us per row, busbw factor, is fastreduce) for every column."""
     def factor(p):
-        return 2 * (p - 1) / p if p > 1 else 0.0
+        return bus_factor(meta.get("collective", "allreduce"), p)
 
     modes = meta.get("gpu_modes") or [None]
     first = modes[0] or (meta.get("gpu_paths") or {}).get("mode")
@@ -85,10 +86,13 @@ def plot(path: str, meta: dict, rows: list[dict], peers=(), group_size: int | No
         for ax, ys in ((lat, us), (alg, algbw), (bus, busbw)):
             ax.plot(sizes, ys, **style)
             values[ax] += ys
+    collective = meta.get("collective", "allreduce")
+    formula = COLLECTIVES[collective].factor.replace("p-1", "p\u22121")
+    what = "all-reduce" if collective == "allreduce" else collective
     lat.set_title("latency (lower is better)", fontsize=10)
     alg.set_title("algbw = size / time", fontsize=10)
-    bus.set_title("busbw = algbw \u00b7 2(p\u22121)/p  (nccl-tests)", fontsize=10)
-    lat.set_ylabel("time per all-reduce (\u00b5s)")
+    bus.set_title(f"busbw = algbw \u00b7 {formula}  (nccl-tests)", fontsize=10)
+    lat.set_ylabel(f"time per {what} (\u00b5s)")
     alg.set_ylabel("algbw (GB/s, 10\u2079 bytes/s)")
     bus.set_ylabel("busbw (GB/s, 10\u2079 bytes/s)")
     ticks = _size_ticks(min(sizes), max(sizes))
@@ -111,7 +115,8 @@ def plot(path: str, meta: dict, rows: list[dict], peers=(), group_size: int | No
                     transform=ax.transAxes, color="0.4")
     mpi = " ".join(meta["mpi"].split(",")[0].split())
     wrong = sum(1 for r in rows if r.get("wrong"))
-    fig.text(0.5, 0.985, f"all-reduce of {meta['dtype']} ({meta['op']}), {meta['ranks']} "
+    op = f" ({meta['op']})" if meta["op"] != "none" else ""
+    fig.text(0.5, 0.985, f"{what} of {meta['dtype']}{op}, {meta['ranks']} "
              f"ranks on {meta['nodes']} node(s), {meta['communicator']}"
              + (f" \u2014 WRONG RESULTS at {wrong} size(s)" if wrong else ""),
              ha="center", va="top", fontsize=11, color="red" if wrong else "black")
