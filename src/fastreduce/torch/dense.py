@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+_TENSOR = torch.Tensor
+_STRIDED = torch.strided
+
 
 def check_dense(t, what: str, prefix: str, *, layout_error: type = ValueError,
                 contiguity_error: type = ValueError, layout_hint: str = "give a dense tensor",
@@ -11,6 +14,9 @@ def check_dense(t, what: str, prefix: str, *, layout_error: type = ValueError,
                 contiguity_hint: str = "") -> None:
     """Raise unless t is a dense, contiguous CPU or CUDA torch.Tensor; messages start with
     `prefix` and name the argument as `what`."""
+    if (t.__class__ is _TENSOR and t.layout == _STRIDED and (t.is_cpu or t.is_cuda)
+            and not t.is_quantized and t.is_contiguous()):
+        return  # the common case, in the fewest attribute reads
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{prefix}: {what} must be a torch.Tensor, not {type(t).__qualname__}")
     if t.is_quantized:

@@ -26,7 +26,7 @@ from .packing import (
     _premultiply,
     _unpack,
 )
-from .work import Work
+from .work import Done, Work
 
 _graph_task_id = torch._C._current_graph_task_id  # -1 outside a backward pass
 
@@ -87,20 +87,20 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
     # -- running an operation: now, or on the progress engine --
 
     def _start(self, name: str, opts, result: list, call: Callable[[MPI.Intracomm], None],
-               nbytes: int, inputs: Sequence, **fields) -> Work:
+               nbytes: int, inputs: Sequence, fields: Callable[[], dict] = dict) -> Work:
         """call(comm) now; or, for a non-blocking operation on host tensors (asyncOp, the
         engine on, at least FASTREDUCE_ENGINE_HOST_BYTES: every rank decides alike), on the
         progress engine's thread and its duplicate communicator. The compiled calls check
         (debug mode) and record (a timeout set) what they do; for the engine's jobs the
-        ranks agree on the operation here, on the caller's thread, with `fields`."""
+        ranks agree on the operation here, on the caller's thread, with fields()."""
         if getattr(opts, "asyncOp", False) and _engine.state()[0] and \
                 0 <= _engine.host_bytes() <= nbytes and not _any_cuda(inputs):
             if checks._debug:
-                checks.fingerprint(self._comm, name, bytes=nbytes, **fields)
+                checks.fingerprint(self._comm, name, bytes=nbytes, **fields())
             dup = _collectives.engine_comm(self._comm)
             return Work(result, job=_engine.submit_call(lambda: call(dup)))
         call(self._comm)
-        return Work(result)
+        return Done(result)
 
     # -- all-reduce (fastreduce's core) --
 
@@ -127,10 +127,10 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 if request.engine:
                     return Work(list(tensors), request=request)
                 request.wait()  # MPI's own non-blocking call: nothing else would advance it
-                return Work(list(tensors))
+                return Done(list(tensors))
         for t in tensors:
             _collectives.allreduce_(t, op, comm=self._comm)
-        return Work(list(tensors))
+        return Done(list(tensors))
 
     def _overlap(self, t: torch.Tensor) -> bool:
         """Whether this asyncOp all-reduce runs in the background. One made during backward
@@ -154,7 +154,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         if factor is not None:
             _premultiply(tensors, factor)
         _collectives.allreduce_coalesced_(list(tensors), op, comm=self._comm)
-        return Work(list(tensors))
+        return Done(list(tensors))
 
     # -- data movement: the compiled core's calls on the tensors' memory --
 
@@ -170,7 +170,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 _collectives.broadcast_(t, root, comm=comm)
 
         return self._start("broadcast", opts, tensors, call, sum(_nbytes(t) for t in tensors),
-                           tensors, root=root, dtypes=_dtypes(tensors))
+                           tensors, lambda: dict(root=root, dtypes=_dtypes(tensors)))
 
     def reduce(self, tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -188,7 +188,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 _collectives.reduce_(t, op, root, comm=comm)
 
         return self._start("reduce", opts, tensors, call, sum(_nbytes(t) for t in tensors),
-                           tensors, root=root, op=op, dtypes=_dtypes(tensors))
+                           tensors, lambda: dict(root=root, op=op, dtypes=_dtypes(tensors)))
 
     def allgather(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else _AllgatherOptions()
@@ -207,7 +207,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
         return self._start("allgather", opts, output_tensors, call,
                            sum(_nbytes(x) for x in input_tensors) * self._size,
-                           [input_tensors, output_tensors], dtypes=_dtypes(input_tensors))
+                           [input_tensors, output_tensors],
+                           lambda: dict(dtypes=_dtypes(input_tensors)))
 
     def _allgather_base(self, output, input, opts=None) -> Work:
         opts = opts if opts is not None else _AllgatherOptions()
@@ -222,12 +223,12 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             _collectives.allgather(input, comm=comm, out=output)
 
         return self._start("all_gather_into_tensor", opts, [output], call, _nbytes(output),
-                           [input, output], dtypes=_dtypes([input]))
+                           [input, output], lambda: dict(dtypes=_dtypes([input])))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         for o, x in zip(outputs, inputs, strict=True):
             self._allgather_base(o, x, _blocking(_AllgatherOptions()))
-        return Work(list(outputs))
+        return Done(list(outputs))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None) -> Work:
         """torch's all_gather_coalesced: output_lists[r][i] receives rank r's input_list[i]
@@ -251,7 +252,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                                      f"{x.numel()} of {x.dtype}; they must match")
         for outs, x in zip(per_input, input_list, strict=True):
             self.allgather([outs], [x], _blocking(_AllgatherOptions()))
-        return Work(list(output_lists))
+        return Done(list(output_lists))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -262,7 +263,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         for out, ins in zip(output_tensors, input_tensors, strict=True):
             flat = _packed(ins)
             self._reduce_scatter_base(out, flat, _blocking(dist.ReduceScatterOptions(), opts))
-        return Work(list(output_tensors))
+        return Done(list(output_tensors))
 
     def _reduce_scatter_base(self, output, input, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -281,13 +282,13 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             _collectives.reduce_scatter(input, op, comm=comm, out=output)
 
         return self._start("reduce_scatter_tensor", opts, [output], call, _nbytes(input),
-                           [input, output], op=op, dtypes=_dtypes([input]))
+                           [input, output], lambda: dict(op=op, dtypes=_dtypes([input])))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         for o, x in zip(outputs, inputs, strict=True):
             self._reduce_scatter_base(o, x, _blocking(dist.ReduceScatterOptions(), opts))
-        return Work(list(outputs))
+        return Done(list(outputs))
 
     def gather(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.GatherOptions()
@@ -314,7 +315,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             _unpack(target, outs)
 
         return self._start("gather", opts, output_tensors, call, _nbytes(x) * self._size,
-                           [x, output_tensors], root=root, dtypes=_dtypes([x]))
+                           [x, output_tensors], lambda: dict(root=root, dtypes=_dtypes([x])))
 
     def scatter(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -336,7 +337,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             _collectives.scatter(flat, root, comm=comm, out=out.reshape(-1))
 
         return self._start("scatter", opts, output_tensors, call, _nbytes(out) * self._size,
-                           [out, input_tensors], root=root, dtypes=_dtypes([out]))
+                           [out, input_tensors], lambda: dict(root=root, dtypes=_dtypes([out])))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
                       opts=None) -> Work:
@@ -358,7 +359,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                                       recv_counts=recv_counts)
 
         return self._start("all_to_all_single", opts, [output], call, _nbytes(input),
-                           [input, output], dtypes=_dtypes([input]))
+                           [input, output], lambda: dict(dtypes=_dtypes([input])))
 
     def alltoall(self, output_tensors, input_tensors, opts=None) -> Work:
         for name, ts in (("output_tensors", output_tensors), ("input_tensors", input_tensors)):
@@ -372,14 +373,14 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         self.alltoall_base(flat_out, flat_in, [t.numel() for t in output_tensors],
                            [t.numel() for t in input_tensors], _blocking(dist.AllToAllOptions()))
         _unpack(flat_out, output_tensors)
-        return Work(list(output_tensors))
+        return Done(list(output_tensors))
 
     def barrier(self, opts=None) -> Work:
         if checks._debug:
             checks.fingerprint(self._comm, "barrier")
         _engine.wait_idle()  # work queued before the barrier is done when it returns
         self._comm.Barrier()
-        return Work([])
+        return Done([])
 
     # torch's newer names for the same operations
     all_gather_single = _allgather_base
