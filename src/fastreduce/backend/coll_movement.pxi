@@ -353,20 +353,33 @@ cdef object _result_for(object x, BufferView* view, object out, int64_t count,
                         BufferView* result, str call):
     """out acquired for writing (a new tensor like x of `count` elements when None)."""
     if out is None:
-        out = _new_elements(x, view.ndim, count, call)
+        out = _new_elements(x, view, count, call)
     owner = acquire(out, result, True, "out")
     _check_out(view, result, count, call)
     return out, owner
 
 
-cdef object _new_elements(object x, int ndim, int64_t count, str call):
+cdef object _new_elements(object x, BufferView* view, int64_t count, str call):
     """A new tensor of x's type, dtype and device with `count` elements: rows of x's
-    trailing shape where count is a whole number of them, else flat."""
+    trailing shape where count is a whole number of them, else flat. Producers with the
+    DLPack C exchange API get memory of ours (large host results from the cached block
+    pool: no page faults for a result made again and again), others their own."""
     shape = tuple(x.shape) if hasattr(x, "shape") else ()
     row = 1
     for d in shape[1:]:
         row *= d
     new_shape = (count // row,) + shape[1:] if shape and row and count % row == 0 else (count,)
+    cdef int64_t dims[64]
+    cdef BufferView like, made
+    cdef int i
+    if (view.api != NULL and view.api.managed_tensor_to_py_object_no_sync != NULL
+            and (view.device_type == kDLCPU or view.api.managed_tensor_allocator != NULL)
+            and not view.lazy and len(new_shape) <= 64):
+        like = view[0]
+        for i in range(len(new_shape)):
+            dims[i] = new_shape[i]
+        like.ndim, like.shape, like.count = len(new_shape), dims, count
+        return new_like(x, &like, &made)
     new_empty = getattr(x, "new_empty", None)  # torch
     if new_empty is not None:
         return new_empty(new_shape)

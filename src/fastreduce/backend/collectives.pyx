@@ -22,7 +22,7 @@ from .cudart cimport (
     copy_async, cudaStream_t, event_sync, staging_give, staging_order, staging_release,
     staging_take, stream_sync,
 )
-from .dlpack cimport kDLCUDA, kDLCUDAManaged
+from .dlpack cimport kDLCPU, kDLCUDA, kDLCUDAManaged
 from .dtypes cimport KIND_UINT8, NKINDS
 from .engine cimport Job, enabled, host_enabled, on_engine_thread, submit, wait_for
 from .mpierrors cimport CHKERR

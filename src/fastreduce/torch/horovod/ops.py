@@ -534,11 +534,16 @@ def _allgather_now(comm, tensor, rows_everywhere=None):
     """The compiled core's uneven all-gather (MPI_Allgatherv) of tensor's rows (dim 0 may
     differ across ranks), on the tensor's device; the output and every rank's rows."""
     rows = tensor.shape[0] if tensor.dim() else 1
-    counts = rows_everywhere if rows_everywhere is not None else comm.allgather(rows)
+    if rows_everywhere is None:
+        everyone = np.empty(comm.Get_size(), np.int64)
+        _core.allgather(np.array([rows], np.int64), comm=comm, out=everyone)
+        rows_everywhere = everyone.tolist()
+    counts = rows_everywhere
     row = int(np.prod(tensor.shape[1:], dtype=np.int64))
     trailing = tuple(tensor.shape[1:]) if tensor.dim() else ()
-    out = torch.empty((sum(counts), *trailing), dtype=tensor.dtype, device=tensor.device)
-    _core.allgather(tensor, comm=comm, out=out, counts=[c * row for c in counts])
+    out = None if row else torch.empty((sum(counts), *trailing), dtype=tensor.dtype,
+                                       device=tensor.device)
+    out = _core.allgather(tensor, comm=comm, out=out, counts=[c * row for c in counts])
     return out, counts
 
 
@@ -759,10 +764,10 @@ def _alltoall_start(tensor, splits, name, process_set, blocking=False):
         received = np.empty(size, np.int64)
         c.Alltoall(np.asarray(sends, np.int64), received)
         row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-        out = torch.empty((int(received.sum()), *tensor.shape[1:]), dtype=tensor.dtype,
-                          device=tensor.device)
-        _core.alltoall(tensor, comm=c, out=out, send_counts=[s * row for s in sends],
-                       recv_counts=[int(r) * row for r in received])
+        out = None if row else torch.empty((int(received.sum()), *tensor.shape[1:]),
+                                           dtype=tensor.dtype, device=tensor.device)
+        out = _core.alltoall(tensor, comm=c, out=out, send_counts=[s * row for s in sends],
+                             recv_counts=[int(r) * row for r in received])
         return out, torch.from_numpy(received.astype(np.int32))
 
     return _submit(comm, lambda: ("alltoall", str(tensor.dtype), tuple(tensor.shape[1:]),
@@ -823,12 +828,12 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
         rows = tensor.shape[0]
         mine = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
         row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-        src = tensor.clone()
+        src = tensor if prescale == 1 else tensor.clone()  # the core only reads its input
         _scale_(src, prescale)
-        out = torch.empty((mine[me], *tensor.shape[1:]), dtype=tensor.dtype,
-                          device=tensor.device)
-        _core.reduce_scatter(src, _MPI_OPS[op], comm=c, out=out,
-                             counts=[m * row for m in mine])
+        out = None if row else torch.empty((mine[me], *tensor.shape[1:]),
+                                           dtype=tensor.dtype, device=tensor.device)
+        out = _core.reduce_scatter(src, _MPI_OPS[op], comm=c, out=out,
+                                   counts=[m * row for m in mine])
         _scale_(out, postscale / size if op == Average else postscale)
         return out
 
