@@ -21,8 +21,8 @@ times, alternating, per step in ms (median of `--repeat` runs of `--steps` steps
 and the ratios GradientSync / (no communication + allreduce alone), GradientSync /
 (backward, allreduce) (the serial floor measured as a step), hvd / GradientSync,
 DDP fastreduce / GradientSync and GradientSync / DDP gloo, each taken within a run. The
-schedule each one chose, and what "auto" measured, are printed. `--timeline PATH` writes
-GradientSync's Chrome trace.
+schedule each one chose (and the serial schedule's form: in place or flat), and what
+"auto" measured, are printed. `--timeline PATH` writes GradientSync's Chrome trace.
 """
 
 from __future__ import annotations
@@ -141,9 +141,17 @@ def main() -> int:
               "DDP fastreduce / GradientSync": ratio("DDP fastreduce", "GradientSync"),
               "GradientSync / DDP gloo": ratio("GradientSync", "DDP gloo")}
     ddp_buckets = getattr(dist.group.WORLD, "_buckets", None)  # the backend is the group
-    schedules = {"GradientSync": (gsync.schedule, gsync.measured),
-                 "hvd": (hvd_opt._hvd_engine.mode, hvd_opt._hvd_engine.chooser.measured),
-                 "DDP fastreduce": (ddp_buckets.chooser.mode, ddp_buckets.chooser.measured)
+
+    def chosen(chooser) -> tuple[str, dict]:
+        """The schedule (with the serial form where there are two) and what was measured."""
+        forms = getattr(chooser, "serial_forms", {})
+        mode = chooser.mode if chooser.mode == "overlap" or not forms else \
+            f"{chooser.mode}, {chooser.form}"
+        return mode, {**chooser.measured, **{f"serial {k}": v for k, v in forms.items()}}
+
+    schedules = {"GradientSync": chosen(gsync._engine.chooser),
+                 "hvd": chosen(hvd_opt._hvd_engine.chooser),
+                 "DDP fastreduce": chosen(ddp_buckets.chooser)
                  if ddp_buckets is not None else ("not used", {})}
     if rank == 0:
         from fastreduce.backend import engine as _engine

@@ -165,12 +165,13 @@ def _train(model, sync, steps: int, seed: int = 7) -> None:
         opt.step()
 
 
-@pytest.mark.parametrize("schedule", ["overlap", "serial", "serial-in-place"])
+@pytest.mark.parametrize("schedule", ["overlap", "serial", "serial-in-place", "serial-flat"])
 def test_schedules_match_the_reference(checks, monkeypatch, schedule):
     """Each schedule, fixed, gives the one-by-one reference's gradients on every step
     (serial-in-place: every gradient counts as large and is reduced where autograd left it,
-    a layer without gradient on some ranks among them). The serial schedule reduces host
-    gradients with blocking calls, none handed to the progress engine."""
+    a layer without gradient on some ranks among them; serial-flat: the serial schedule's
+    flat form only, every gradient in the flat buffer, one call). The serial schedule
+    reduces host gradients with blocking calls, none handed to the progress engine."""
     from fastreduce.torch import buckets, gradsync  # noqa: PLC0415
 
     started = []
@@ -179,6 +180,11 @@ def test_schedules_match_the_reference(checks, monkeypatch, schedule):
                         lambda *args, **kwargs: started.append(1) or real(*args, **kwargs))
     if schedule == "serial-in-place":
         monkeypatch.setattr(buckets, "DIRECT_BYTES", 0)
+        monkeypatch.setattr(buckets, "SERIAL_FORMS", ("in place",))
+        schedule = "serial"
+    if schedule == "serial-flat":
+        monkeypatch.setattr(buckets, "DIRECT_BYTES", 0)
+        monkeypatch.setattr(buckets, "SERIAL_FORMS", ("flat",))
         schedule = "serial"
     torch.manual_seed(3)
     model, reference = Reversed(), Reversed()
@@ -233,6 +239,61 @@ def test_auto_chooses_one_schedule_everywhere(checks, comm):
         _train(other, forced, 1 + 2 * CALIBRATION_STEPS)
         checks.check(forced.schedule == fixed and forced.measured == {},
                      f"{fixed}: {forced.schedule} {forced.measured}")
+
+
+def test_auto_times_the_serial_forms(checks, comm, monkeypatch):
+    """With gradients reduced in place (DIRECT_BYTES 0), auto also times the serial
+    schedule's two forms, in turns, and keeps the faster, the same on every rank; the
+    gradients equal the one-by-one reference's in every step, whichever form ran it. A fixed
+    serial schedule times only its forms: `measured` stays empty."""
+    from fastreduce.torch import buckets  # noqa: PLC0415
+
+    monkeypatch.setattr(buckets, "DIRECT_BYTES", 0)
+    steps = 1 + 2 * buckets.CALIBRATION_STEPS
+    for schedule in ("auto", "serial"):
+        torch.manual_seed(5)
+        model, reference = Reversed(), Reversed()
+        reference.load_state_dict(model.state_dict())
+        sync = fastreduce.GradientSync(model, bucket_mb=0.002, schedule=schedule)
+        g = torch.Generator().manual_seed(13 + rank)
+        ran = []
+        for step in range(steps + 1):
+            ran.append((sync.schedule, sync.serial_form))
+            x = torch.randn(5, 6, generator=g)
+            model.zero_grad()
+            reference.zero_grad()
+            for m in (model, reference):
+                m(x).square().mean().backward()
+            sync.wait()
+            for (name, a), b in zip(model.named_parameters(), reference.parameters(),
+                                    strict=True):
+                want = b.grad.clone()
+                fastreduce.allreduce_(want, "avg")
+                checks.check(torch.allclose(a.grad, want, rtol=1e-5, atol=1e-7),
+                             f"{schedule} step {step} ({ran[-1]}): grad of {name}")
+            with torch.no_grad():
+                for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+                    a.add_(a.grad, alpha=-0.1)
+                    b.copy_(a)
+        chooser = sync._engine.chooser
+        checks.check(chooser.decided, f"{schedule}: not decided after {steps} steps")
+        checks.check(set(chooser.serial_forms) == {"in place", "flat"},
+                     f"{schedule}: serial forms {chooser.serial_forms}")
+        serial_ran = [form for mode, form in ran if mode == "serial"]
+        checks.check({"in place", "flat"} <= set(serial_ran), f"{schedule}: ran {ran}")
+        if schedule == "auto":
+            checks.check(set(sync.measured) == {"overlap", "serial"}, f"{sync.measured}")
+            want = buckets.choose(sync.measured["overlap"], chooser.serial_forms)
+        else:
+            checks.check(sync.measured == {} and all(m == "serial" for m, _ in ran),
+                         f"serial: {sync.measured} {ran}")
+            want = buckets.choose(None, chooser.serial_forms)
+        checks.check((sync.schedule, sync.serial_form) == want,
+                     f"{schedule}: kept {sync.schedule}, {sync.serial_form}; measured "
+                     f"{sync.measured} {chooser.serial_forms}")
+        chosen = comm.allgather((sync.schedule, sync.serial_form, chooser.serial_forms))
+        checks.check(all(c == chosen[0] for c in chosen), f"ranks chose differently: {chosen}")
+        sync.remove()
 
 
 def test_buckets_rebuilt_in_arrival_order(checks):

@@ -164,15 +164,18 @@ def test_training(checks, monkeypatch, what, make_opt, fusion, kwargs):
     train(checks, what, make_opt, **kwargs)
 
 
-@pytest.mark.parametrize("schedule", ["overlap", "serial", "serial-in-place"])
+@pytest.mark.parametrize("schedule", ["overlap", "serial", "serial-in-place", "serial-flat"])
 def test_training_under_each_schedule(checks, monkeypatch, schedule):
     """Each gradient schedule, fixed, with a predivide factor and fp16 compression, trains
-    like the wrapped optimizer (serial-in-place: every gradient reduced where it is)."""
+    like the wrapped optimizer (serial-in-place: every gradient reduced where it is;
+    serial-flat: all of them in the flat buffer, one reduction)."""
     from fastreduce.torch import buckets  # noqa: PLC0415
 
-    if schedule == "serial-in-place":
+    if schedule in ("serial-in-place", "serial-flat"):
         monkeypatch.setattr(buckets, "DIRECT_BYTES", 0)
-    monkeypatch.setenv("FASTREDUCE_GRADIENT_SCHEDULE", schedule.removesuffix("-in-place"))
+        monkeypatch.setattr(buckets, "SERIAL_FORMS",
+                            ("in place",) if schedule == "serial-in-place" else ("flat",))
+    monkeypatch.setenv("FASTREDUCE_GRADIENT_SCHEDULE", schedule.split("-")[0])
     train(checks, f"SGD, predivide 2, fp16 compression, {schedule}", sgd,
           gradient_predivide_factor=2.0, compression=hvd.Compression.fp16, tol=2e-3,
           passes=2)

@@ -7,18 +7,30 @@ or Horovod's negotiated one with its compression and scale factors) and keeps on
 arguments and errors. The engine owns the rest:
 
 - **Layout**: one flat buffer per dtype and device holding every trained parameter's
-  gradient (each .grad is a view into it); a bucket is a contiguous slice of it. The serial
-  schedule copies nothing it need not: gradients of DIRECT_BYTES and more are reduced in
-  place where autograd left them, the smaller ones in one flat buffer of their own.
+  gradient (each .grad is a view into it); a bucket is a contiguous slice of it.
 - **Readiness**: a post-accumulate hook per parameter counts its backward passes; a bucket
   is ready when its last parameter's last pass has been accumulated.
 - **Schedule**: ``overlap`` starts each bucket's non-blocking reduction as soon as it and
   every bucket before it are ready (the order is the same on every rank); ``serial``
   reduces everything after backward, which nothing beats where backward and the reduction
-  compete for the same cores (one core per rank). ``auto`` times both on
-  the training loop's own steps: after a first step, CALIBRATION_STEPS steps of each,
-  alternating; the ranks add up their medians (one small reduction) and keep overlap only
-  if it is faster than serial by more than OVERLAP_MARGIN (serial is the safe choice).
+  compete for the same cores (one core per rank).
+- **Serial forms**: the serial schedule calls MPI in one of two ways (SERIAL_FORMS):
+  ``in place``, each gradient of DIRECT_BYTES and more where autograd left it (no copy),
+  one call each, the smaller ones in one flat buffer of their own; or ``flat``, every
+  gradient copied into its kind's flat buffer as it arrives (as overlap does) and that
+  buffer reduced in one call. Which costs less is the network's and the MPI library's
+  business, not the model's: on one node the two are within about 2% of a step (the
+  copies against the calls); across nodes on Open MPI's TCP transport a call of 4 MiB
+  moves about half the link, one call of all the gradients more, and the flat form's
+  step is 1.25x faster (docs/benchmarks.md).
+- **Calibration** (``auto``, pure logic in `_Chooser`, `calibration_plan` and `choose`):
+  on the training loop's own steps, after a first step (warm-up, the buckets rebuilt),
+  CALIBRATION_STEPS steps of each schedule in turns, serial first, the serial steps
+  taking its forms in turns (each form's steps follow an overlap step alike); the ranks add
+  up their medians (one small reduction); the serial form with the lower time is kept,
+  and overlap only if it is faster than that form by more than OVERLAP_MARGIN (serial is
+  the safe choice). A fixed ``serial`` schedule times its forms alone (CALIBRATION_STEPS
+  steps, in turns) and keeps the faster.
 - **Order**: after the first step, the buckets are rebuilt in the order the gradients
   arrived on rank 0 (DDP does the same), so the first bucket reduced is the first complete.
 - **Timeline**: each bucket's phases per step (filling, queued, reducing, done) as a Chrome
@@ -38,14 +50,19 @@ from .. import settings
 from ..timeline import Trace, now_us
 
 __all__ = ["CALIBRATION_STEPS", "DIRECT_BYTES", "LAST_BUCKET_BYTES", "OVERLAP_MARGIN",
-           "SCHEDULES", "Bucket", "BucketEngine",
-           "RecurringBuckets", "Reduction", "plan_buckets"]
+           "SCHEDULES", "SERIAL_FORMS", "Bucket", "BucketEngine",
+           "RecurringBuckets", "Reduction", "calibration_plan", "choose", "plan_buckets"]
 
 SCHEDULES = ("auto", "overlap", "serial")
-CALIBRATION_STEPS = 4  # steps timed per schedule by "auto"
+# How the serial schedule calls MPI: large gradients in place, one call each, or every
+# gradient of a kind in one flat buffer, one call (see the module's docstring).
+SERIAL_FORMS = ("in place", "flat")
+# Steps timed per schedule by "auto" (the serial schedule's shared by its forms), after one
+# warm-up step: 1 + 2 * CALIBRATION_STEPS steps in all.
+CALIBRATION_STEPS = 6
 OVERLAP_MARGIN = 0.03  # overlap is kept only if it is this much faster than serial
-# The serial schedule reduces gradients of at least this size in place, one call each: the
-# call costs less than copying them into a flat buffer and back.
+# The serial schedule's in-place form reduces gradients of at least this size where
+# autograd left them, one call each (no copy into a flat buffer).
 DIRECT_BYTES = 1 << 20
 # The last bucket's size: its reduction is what remains to do once backward has ended.
 LAST_BUCKET_BYTES = 1 << 20
@@ -153,45 +170,87 @@ def check_schedule(schedule: str | None, owner: str) -> str:
     return schedule
 
 
-class _Chooser:
-    """Which schedule each step uses: fixed, or for "auto" the warm-up step, then the two
-    alternating, then overlap if its median step time, summed over the ranks, is lower than
-    serial's by OVERLAP_MARGIN, else serial. Every rank counts the same steps, so every
-    rank runs the same schedule in each step."""
+def calibration_plan(schedule: str, forms: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The (schedule, serial form) of each timed step after the warm-up step: for "auto",
+    serial and overlap in turns, serial first, CALIBRATION_STEPS of each, the serial steps
+    taking `forms` in turns (so each form's steps follow an overlap step alike); for a
+    fixed "serial" with several forms, CALIBRATION_STEPS steps taking them in turns;
+    otherwise nothing to time."""
+    if schedule == "auto":
+        return [("serial", forms[(k // 2) % len(forms)]) if k % 2 else ("overlap", forms[0])
+                for k in range(1, 2 * CALIBRATION_STEPS + 1)]
+    if schedule == "serial" and len(forms) > 1:
+        return [("serial", forms[k % len(forms)]) for k in range(CALIBRATION_STEPS)]
+    return []
 
-    def __init__(self, schedule: str, total: Callable[[torch.Tensor], torch.Tensor]):
+
+def choose(overlap: float | None, forms: dict[str, float]) -> tuple[str, str]:
+    """The (schedule, serial form) kept from the median step times summed over the ranks:
+    the serial form with the lowest time (the first listed on a tie), and overlap (None: not
+    timed) only if it is faster than that form by more than OVERLAP_MARGIN."""
+    form = min(forms, key=forms.__getitem__)
+    if overlap is not None and overlap < (1 - OVERLAP_MARGIN) * forms[form]:
+        return "overlap", form
+    return "serial", form
+
+
+class _Chooser:
+    """Which schedule, and which form of the serial schedule, each step uses: fixed, or the
+    warm-up step, then the steps of `calibration_plan`, then what `choose` keeps from their
+    medians summed over the ranks (`total`). Every rank counts the same steps, so every rank
+    runs the same schedule and form in each step. A sample is the time from the end of one
+    step to the end of the next (`clock`), so nothing between steps goes unmeasured."""
+
+    def __init__(self, schedule: str, total: Callable[[torch.Tensor], torch.Tensor],
+                 forms: tuple[str, ...] = ("serial",),
+                 clock: Callable[[], float] = time.perf_counter):
         self._schedule = schedule
         self._total = total
+        self._forms = tuple(forms)
+        self._clock = clock
         self.restart()
 
     def restart(self) -> None:
         """Choose again from the first step (the ranks ran different numbers of steps)."""
         schedule = self._schedule
+        self._plan = calibration_plan(schedule, self._forms)
         self.mode = "overlap" if schedule == "auto" else schedule
-        self.decided = schedule != "auto"
-        self.samples: dict[str, list[float]] = {"overlap": [], "serial": []}
-        self.measured: dict[str, float] = {}
+        self.form = self._forms[0]
+        self.decided = not self._plan
+        # the step times of each timed kind: "overlap", and each serial form by name
+        self.samples: dict[str, list[float]] = {k: [] for k in self._kinds()}
+        self.measured: dict[str, float] = {}  # "auto": overlap and serial (its kept form)
+        self.serial_forms: dict[str, float] = {}  # each serial form's, where there are two
         self._step = 0
         self._last_end: float | None = None
 
+    def _kinds(self) -> list[str]:
+        return (["overlap"] if self._schedule == "auto" else []) + list(self._forms)
+
     def step_ended(self) -> None:
-        end = time.perf_counter()
+        end = self._clock()
         if not self.decided:
             if self._step > 0:  # the first step warms up (and rebuilds the buckets)
-                self.samples[self.mode].append(end - self._last_end)
+                kind = "overlap" if self.mode == "overlap" else self.form
+                self.samples[kind].append(end - self._last_end)
             self._step += 1
-            if self._step <= 2 * CALIBRATION_STEPS:
-                self.mode = "serial" if self._step % 2 else "overlap"
+            if self._step <= len(self._plan):
+                self.mode, self.form = self._plan[self._step - 1]
             else:
                 self._decide()
-        self._last_end = time.perf_counter()
+        self._last_end = self._clock()
 
     def _decide(self) -> None:
-        mine = torch.tensor([statistics.median(self.samples["overlap"]),
-                             statistics.median(self.samples["serial"])], dtype=torch.float64)
-        overlap, serial = (float(v) for v in self._total(mine))
-        self.measured = {"overlap": overlap, "serial": serial}
-        self.mode = "overlap" if overlap < (1 - OVERLAP_MARGIN) * serial else "serial"
+        kinds = self._kinds()
+        mine = torch.tensor([statistics.median(self.samples[k]) for k in kinds],
+                            dtype=torch.float64)
+        totals = dict(zip(kinds, (float(v) for v in self._total(mine)), strict=True))
+        overlap = totals.pop("overlap", None)
+        self.mode, self.form = choose(overlap, totals)
+        if overlap is not None:
+            self.measured = {"overlap": overlap, "serial": totals[self.form]}
+        if len(totals) > 1:
+            self.serial_forms = totals
         self.decided = True
 
 
@@ -226,18 +285,20 @@ def _flat(params: list) -> tuple[torch.Tensor, list]:
     return flat, views
 
 
-def _layout(groups: list[list]) -> tuple[list[Bucket], list[Bucket]]:
+def _layout(groups: list[list]) -> tuple[list[Bucket], list[Bucket], list[Bucket]]:
     """Buckets for `groups` (each of one dtype and device), contiguous in one flat buffer per
     dtype and device in group order; and for the serial schedule, per dtype and device, a
-    bucket of the parameters smaller than DIRECT_BYTES."""
+    bucket of the parameters smaller than DIRECT_BYTES (its in-place form) and a bucket of
+    the whole flat buffer (its flat form, sharing the buckets' views)."""
     kinds: dict = {}
     for group in groups:
         kinds.setdefault((group[0].dtype, group[0].device), []).append(group)
     spans: dict = {}
-    smalls = []
+    smalls, wholes = [], []
     for k, kind_groups in enumerate(kinds.values()):
         params = [p for group in kind_groups for p in group]
         flat, views = _flat(params)
+        wholes.append(Bucket(f"flat.{k}", params, flat, views))
         offset = 0
         for p, view in zip(params, views, strict=True):
             spans[p] = (flat, offset, view)
@@ -251,7 +312,7 @@ def _layout(groups: list[list]) -> tuple[list[Bucket], list[Bucket]]:
         numel = sum(p.numel() for p in group)
         buckets.append(Bucket(f"bucket.{b}", group, flat[start:start + numel],
                               [spans[p][2] for p in group]))
-    return buckets, smalls
+    return buckets, smalls, wholes
 
 
 class BucketEngine:
@@ -271,7 +332,10 @@ class BucketEngine:
         self.replan = replan if reduction.bcast is not None else None
         self.trace = trace
         self.sparse_as_dense = sparse_as_dense
-        self.chooser = _Chooser(schedule, reduction.sum)
+        # the serial schedule's forms differ only where some gradient is reduced in place
+        large = any(p.numel() * p.element_size() >= DIRECT_BYTES for p in params)
+        self.chooser = _Chooser(schedule, reduction.sum,
+                                forms=SERIAL_FORMS if large else SERIAL_FORMS[:1])
         self.index = {p: i for i, p in enumerate(params)}
         self.sparse: dict = {}  # parameter -> registration index: sparse gradients this step
         self.arrivals: list[int] | None = [] if self.replan is not None else None
@@ -287,6 +351,11 @@ class BucketEngine:
         """The schedule of the step under way: "overlap" or "serial"."""
         return self.chooser.mode
 
+    @property
+    def serial_form(self) -> str:
+        """The serial schedule's form in the step under way: "in place" or "flat"."""
+        return self.chooser.form
+
     def _new_step(self) -> None:
         """Nothing accumulated, nothing started: the state at the start of a step."""
         for bucket in self.buckets:
@@ -300,7 +369,7 @@ class BucketEngine:
         self.sparse.clear()
 
     def _set_layout(self, groups: list[list]) -> None:
-        self.buckets, self.smalls = _layout(groups)
+        self.buckets, self.smalls, self.wholes = _layout(groups)
         self.where = {}
         for b, bucket in enumerate(self.buckets):
             for i, p in enumerate(bucket.params):
@@ -338,10 +407,12 @@ class BucketEngine:
         bucket = self.buckets[b]
         grad = p.grad
         overlap = self.mode == "overlap"
-        view = bucket.views[i] if overlap else self.small_view.get(p)
+        # overlap and the flat form gather every gradient in the buckets' views
+        view = (bucket.views[i] if overlap or self.chooser.form == "flat"
+                else self.small_view.get(p))
         if grad.is_sparse and not self.sparse_as_dense:  # the owner reduces it alone
             self.sparse[p] = index
-        elif view is None:  # serial, a large gradient: reduced where it is
+        elif view is None:  # serial in place, a large gradient: reduced where it is
             if grad.is_sparse:
                 self.densified[index] = True
                 p.grad = grad.to_dense()
@@ -409,6 +480,8 @@ class BucketEngine:
                 while self.next < len(pending):
                     self._start(pending[self.next])
                     self.next += 1
+            elif self.chooser.form == "flat":
+                pending = self._start_flat()
             else:
                 pending = self._start_serial()
             with torch.no_grad():
@@ -423,11 +496,24 @@ class BucketEngine:
             self._rebuild()
         self.chooser.step_ended()
 
+    def _filled(self) -> tuple[float, float]:
+        """When the first bucket got its first gradient, and the last was complete."""
+        return (min((b.times[0] for b in self.buckets if b.nready), default=0.0),
+                max((b.times[1] for b in self.buckets if b.nready), default=0.0))
+
+    def _start_flat(self) -> list[Bucket]:
+        """The serial schedule's flat form, started: each kind's whole flat buffer (the
+        gradients copied into it as they arrived), one reduction each."""
+        first, ready = self._filled()
+        for whole in self.wholes:
+            whole.times[0], whole.times[1] = first, ready
+            self._start(whole, blocking=True)
+        return list(self.wholes)
+
     def _start_serial(self) -> list[Bucket]:
-        """The serial schedule's reductions, started: each small bucket, then each large
+        """The serial schedule's in-place form, started: each small bucket, then each large
         gradient in place (in its bucket's view if it has none, or none contiguous)."""
-        first = min((b.times[0] for b in self.buckets if b.nready), default=0.0)
-        ready = max((b.times[1] for b in self.buckets if b.nready), default=0.0)
+        first, ready = self._filled()
         started = []
         for small in self.smalls:
             small.times[0], small.times[1] = first, ready
@@ -471,7 +557,7 @@ class BucketEngine:
     def _abandon(self) -> None:
         """A reduction failed: the others in flight end (their errors dropped: the first is
         raised) and the next step starts afresh."""
-        for bucket in self.buckets + self.smalls:
+        for bucket in self.buckets + self.smalls + self.wholes:
             request, bucket.request = bucket.request, None
             if request is not None:
                 try:
@@ -483,7 +569,7 @@ class BucketEngine:
     def reset(self) -> None:
         """Forget the gradients of this step (reductions in flight end first)."""
         with torch.no_grad():
-            for bucket in self.buckets + self.smalls:
+            for bucket in self.buckets + self.smalls + self.wholes:
                 if bucket.request is not None:
                     bucket.request.wait()
                     bucket.request = None
@@ -519,7 +605,8 @@ class BucketEngine:
             done = done or waited
             row = f"{bucket.label} ({len(bucket.params)} tensors)"
             args = {"bytes": bucket.flat.numel() * bucket.flat.element_size(),
-                    "schedule": self.mode}
+                    "schedule": self.mode if self.mode == "overlap"
+                    else f"serial, {self.chooser.form}"}
             if first and ready:
                 trace.complete("FILL", "bucket", row, first, ready, args)
             if ready:

@@ -11,9 +11,11 @@
 Gradients are gathered in flat buffers (each parameter's .grad is a view into its bucket).
 With the overlap schedule, a bucket's in-place non-blocking all-reduce starts as soon as
 its last gradient has been accumulated, in a fixed bucket order on every rank; with the
-serial schedule, each flat buffer is reduced in one call after backward; "auto" (the
-default) times both on the first steps and keeps the faster. `timeline=path` writes each
-bucket's phases as a Chrome trace.
+serial schedule, everything is reduced after backward, in one of two forms: each large
+gradient in place (one call each, no copy) or all of them in their flat buffer (one
+call); "auto" (the default) times overlap and both forms on the first steps and keeps the
+fastest (the serial schedule times its two forms and keeps the faster). `timeline=path`
+writes each bucket's phases as a Chrome trace.
 """
 
 from __future__ import annotations
@@ -118,8 +120,17 @@ class GradientSync:
     @property
     def measured(self) -> dict[str, float]:
         """What "auto" measured: the median step time of each schedule, in seconds, summed
-        over the ranks (empty until it has decided, and for a fixed schedule)."""
+        over the ranks (empty until it has decided, and for a fixed schedule); "serial" is
+        the time of its form kept (`serial_form`)."""
         return dict(self._engine.chooser.measured)
+
+    @property
+    def serial_form(self) -> str:
+        """How the serial schedule reduces: "in place" (each gradient of 1 MiB or more where
+        autograd left it, one call each; the smaller ones in one flat buffer) or "flat" (all
+        gradients in their flat buffer, one call). Both are timed on the first steps where
+        they differ (some gradient of 1 MiB or more), and the faster kept."""
+        return self._engine.serial_form
 
     def sync_parameters(self) -> None:
         """Copy rank 0's parameters and buffers to every rank (collective): the compiled
