@@ -435,6 +435,33 @@ def test_recv_any_source(fw_name, dtype, checks, comm):
         fastreduce.send(tensors[rank], 0, tag=200 + rank)
 
 
+@pytest.mark.mpi(ranks=(2, 3))
+def test_a_dropped_point_to_point_request_is_abandoned(checks, comm):
+    """An irecv whose message never comes, dropped, is cancelled (garbage collection does
+    not wait for ever); an isend dropped before its receive keeps its memory and is still
+    received whole; a later exchange on the same tag is not disturbed."""
+    import gc
+
+    rank, p = comm.rank, comm.size
+    right, left = (rank + 1) % p, (rank - 1) % p
+    request = fastreduce.irecv(np.zeros(4), left, 91)  # nobody sends on tag 91
+    del request
+    gc.collect()
+    sent = np.arange(4.0) + 10 * rank
+    request = fastreduce.isend(sent.copy(), right, 92)
+    del request  # dropped: its memory stays, the message still goes
+    gc.collect()
+    box = np.zeros(4)
+    fastreduce.recv(box, left, 92)
+    checks.check(np.array_equal(box, np.arange(4.0) + 10 * left), f"tag 92 gave {box}")
+    box = np.zeros(4)
+    received = fastreduce.irecv(box, left, 91)
+    fastreduce.isend(sent, right, 91).wait()
+    received.wait()
+    checks.check(np.array_equal(box, sent - 10 * rank + 10 * left), f"tag 91 gave {box}")
+    comm.Barrier()
+
+
 # -- empty tensors ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fw_name", ["torch", "numpy"])

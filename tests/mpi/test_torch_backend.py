@@ -362,6 +362,26 @@ def test_all_to_all_single_uneven(world, checks, shape, dtype, async_op):
     checks.run(f"movement all_to_all_single uneven {dtype} {shape} async={async_op}", body)
 
 
+@pytest.mark.parametrize("async_op", ASYNC)
+def test_all_to_all_single_uneven_across_the_engine_threshold(world, checks, async_op):
+    """Uneven splits whose byte counts fall on both sides of the engine's threshold
+    (FASTREDUCE_ENGINE_HOST_BYTES, 64 KiB) on different ranks: every rank runs the call the
+    same way (it hung when one rank took the engine and another not)."""
+    def body():
+        rank, size = world.rank, world.size
+        rows = 40000 if rank == 0 else 1  # rank 0 sends 160 KB to each rank, the others 4 B
+        send = [rows] * size
+        recv = [40000 if r == 0 else 1 for r in range(size)]
+        x = torch.full((rows * size,), float(rank))
+        out = torch.empty(sum(recv))
+        finish(checks, dist.all_to_all_single(out, x, recv, send, async_op=async_op),
+               async_op)
+        want = torch.cat([torch.full((recv[r],), float(r)) for r in range(size)])
+        checks.check(same(out, want), "uneven all_to_all_single across the threshold")
+
+    checks.run(f"all_to_all_single across the engine threshold async={async_op}", body)
+
+
 @movement
 def test_all_to_all(world, checks, shape, dtype, async_op):
     """The list form."""

@@ -596,9 +596,9 @@ cdef object _allgather(object x, comm, out, counts, bint start):
     m.reads_recv_first = m.in_place
     m.writes_recv = True
     try:
-        if counts is None:
+        if counts is None:  # (one rank's part is what one count must hold)
             m.kind = MOVE_ALLGATHER
-            _set_unit(&m, item, total * item, "allgather")
+            _set_unit(&m, item, m.send_bytes, "allgather")
         else:
             m.kind = MOVE_ALLGATHERV
             _set_unit(&m, item, total * item, "allgather")
@@ -727,9 +727,13 @@ cdef object _alltoall(object x, comm, out, send_counts, recv_counts, bint start)
     m.send_bytes = view.count * item
     m.recv_bytes = received * item
     m.writes_recv = True
+    if _debug:  # before the count check's exchange below, so that a mismatch is named
+        _debug_move(comm, "ialltoall" if start else "alltoall", &view, None, None, None,
+                    None if send_counts is None
+                    else ([int(c) for c in send_counts], [int(c) for c in recv_counts]))
     try:
-        if send_counts is None:
-            _set_unit(&m, item, max(m.send_bytes, m.recv_bytes), "alltoall")
+        if send_counts is None:  # one part is what one count must hold
+            _set_unit(&m, item, m.send_bytes // size, "alltoall")
         else:
             _agreed_unit(&m, item, max(m.send_bytes, m.recv_bytes), handle, comm,
                          "alltoall")
@@ -744,10 +748,6 @@ cdef object _alltoall(object x, comm, out, send_counts, recv_counts, bint start)
                       item)
             _to_units(&m, m.recv_counts, m.recv_displs, [int(c) for c in recv_counts], size,
                       item)
-        if _debug:
-            _debug_move(comm, "ialltoall" if start else "alltoall", &view, None, None, None,
-                        None if send_counts is None
-                        else ([int(c) for c in send_counts], [int(c) for c in recv_counts]))
         return _finish_move(&m, &view, view.data, result.data, comm, "alltoall", view.count,
                             view.kind, NULL, start, out,
                             out_owner if result.lazy else None, (x, _owner, out, out_owner))
@@ -796,7 +796,7 @@ cdef object _gather(object x, root, comm, out, bint start):
                          "only the root receives (pass out=None elsewhere)")
     else:
         result.data = NULL
-    _set_unit(&m, item, m.send_bytes * size, "gather")
+    _set_unit(&m, item, m.send_bytes, "gather")  # one rank's part
     m.count = m.send_bytes // m.unit_bytes
     if _debug:
         _debug_move(comm, "igather" if start else "gather", &view, None, root, None)
@@ -855,7 +855,7 @@ cdef object _scatter(object x, root, comm, out, bint start):
     m.recv_bytes = result.count * item
     m.reads_recv_first = False  # in place, the root's part stays where it is in x
     m.writes_recv = not m.in_place
-    _set_unit(&m, item, m.recv_bytes * size, "scatter")
+    _set_unit(&m, item, m.recv_bytes, "scatter")  # one rank's part
     m.count = m.recv_bytes // m.unit_bytes
     if _debug:
         _debug_move(comm, "iscatter" if start else "scatter", &result, None, root, None)
@@ -950,6 +950,10 @@ cdef Request _p2p_start(object x, object peer, object tag, object comm, bint rec
     memset(&m, 0, sizeof(Move))
     m.kind = MOVE_RECV if receiving else MOVE_SEND
     m.comm = handle
+    if receiving:
+        m.recv_bytes = nbytes
+    else:
+        m.send_bytes = nbytes
     _set_unit(&m, _itemsize(&view), nbytes, call)
     cdef int units = <int>(nbytes // m.unit_bytes)
     cdef Request req = Request.__new__(Request)
@@ -959,7 +963,7 @@ cdef Request _p2p_start(object x, object peer, object tag, object comm, bint rec
     req.result, req.keep = x, (x, owner, _storage(x, &view))
     req.comm = default_comm() if comm is None else comm
     req.red, req.count, req.handle = get_reduction(KIND_UINT8, OP_SUM), nbytes, handle
-    req.receiving, req.stage_back = receiving, receiving
+    req.receiving, req.stage_back, req.p2p = receiving, receiving, True
     if receiving:
         req.status.MPI_SOURCE = peer  # named: known without the status (wait_all's too)
     cdef char* buffer = view.data

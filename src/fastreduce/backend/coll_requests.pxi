@@ -13,9 +13,11 @@ cdef class Request:
     """A started non-blocking operation (all-reduce, isend, irecv): wait() returns its
     result, test() never blocks.
 
-    The request keeps every tensor it uses alive until it completes. One that is
-    dropped without wait() is completed when it is garbage-collected, or at
-    interpreter exit; waiting twice returns the same result.
+    The request keeps every tensor it uses alive until it completes. A collective one
+    dropped without wait() is completed when it is garbage-collected, or at interpreter
+    exit; a dropped isend or irecv, whose peer may never come, is abandoned instead (a
+    receive cancelled, a send's memory kept for good); waiting twice returns the same
+    result.
     """
 
     cdef MPI_Request* handles
@@ -39,6 +41,7 @@ cdef class Request:
     cdef char* result_data    # the torch result's memory when it started (else NULL)
     cdef bint stage_back      # staged: the pinned memory goes back to the device when done
     cdef bint receiving       # a point-to-point receive: `source` tells whose message it was
+    cdef bint p2p             # isend or irecv: its completion waits on one peer alone
     cdef MPI_Status status    # a one-handle request's status (a receive's source)
     cdef object __weakref__
 
@@ -50,6 +53,7 @@ cdef class Request:
         self.result_data = NULL
         self.stage_back = True
         self.receiving = False
+        self.p2p = False
         self.status.MPI_SOURCE = -1
 
     def __dealloc__(self):
@@ -71,11 +75,36 @@ cdef class Request:
                 # write into freed memory.
                 _orphaned.append(self.keep)
                 return
+            if self.p2p:  # its peer may never come: cancel a receive, keep a send's memory
+                self._abandon()
+                free(self.handles)
+                return
             with nogil:  # complete it before its buffers go: MPI may still write them
                 MPI_Waitall(self.nhandles, self.handles, MPI_STATUSES_IGNORE)
             if self.staging != NULL or self.writeback is not None:
                 self._deliver_quietly()  # deliver the result, as wait() would
         free(self.handles)
+
+    cdef void _abandon(self) noexcept:
+        """A point-to-point request dropped (or pending at exit): a receive is cancelled
+        and completed (its message, if already matched, arrives); a send cannot be taken
+        back, so its memory (and pinned buffer) is kept for good, as MPI may still read it."""
+        cdef int finalized = 0
+        MPI_Finalized(&finalized)
+        self.pending = False
+        _pending.discard(self)
+        if self.receiving and not finalized:
+            with nogil:
+                MPI_Cancel(&self.handles[0])
+                MPI_Waitall(1, self.handles, MPI_STATUSES_IGNORE)
+            if self.staging != NULL:  # nothing was copied from it: give it back as it is
+                staging_give(self.staging)
+                self.staging = NULL
+            self.keep = None
+        else:
+            _orphaned.append(self.keep)
+            self.staging = NULL  # never reused: MPI may still read it
+        _flight_end(self.flight, False)
 
     cdef void _deliver_quietly(self) noexcept:
         """For a dropped request: divide, copy out (staged), write a lazy view back and
@@ -135,9 +164,8 @@ cdef class Request:
             (<Resolved>self.writeback).write_back()
         if self.result_data == NULL:
             return 0
-        try:
-            _owner = acquire(self.result, &now, False, "the result")
-            moved = now.data != self.result_data
+        try:  # (a torch result: its data_ptr, read on any thread whatever its device)
+            moved = <char*><size_t>self.result.data_ptr() != self.result_data
         except Exception:  # noqa: BLE001  (no longer readable at all: moved too)
             moved = True
         if moved:
@@ -508,8 +536,12 @@ def wait_all(requests) -> list:
 
 
 def _complete_pending_requests() -> None:
-    """At interpreter exit, before MPI is finalized: complete every request still in flight."""
+    """At interpreter exit, before MPI is finalized: complete every request still in flight
+    (point-to-point ones, whose peer may never come, are abandoned: see Request._abandon)."""
     for req in list(_pending):
+        if (<Request>req).p2p and (<Request>req).pending:
+            (<Request>req)._abandon()
+            continue
         try:
             req.wait()
         except Exception:  # noqa: BLE001  (exit must go on; the error was the user's)

@@ -223,7 +223,12 @@ def _process(Job job) -> None:
             pass
 
 
+_engine_ident = None  # the engine thread's id, kept after stop() (its last jobs still run)
+
+
 def _loop() -> None:
+    global _engine_ident
+    _engine_ident = threading.get_ident()
     while True:
         job = _next()
         if job is None:  # stop()
@@ -251,7 +256,7 @@ cdef int submit(Job job) except -1:
 
 cdef bint on_engine_thread() except -1:
     """Whether the caller is the engine's thread."""
-    return _thread is not None and threading.get_ident() == _thread.ident
+    return _engine_ident is not None and threading.get_ident() == _engine_ident
 
 
 cdef int wait_for(Job job) except -1:

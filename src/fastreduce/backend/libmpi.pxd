@@ -92,6 +92,7 @@ cdef extern from "mpicompat.h" nogil:
     int MPI_Iallreduce(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm, MPI_Request*)
     int MPI_Waitall(int, MPI_Request*, MPI_Status*)
     int MPI_Wait(MPI_Request*, MPI_Status*)
+    int MPI_Cancel(MPI_Request*)
     int MPI_Test(MPI_Request*, int*, MPI_Status*)
     int MPI_Type_contiguous(int, MPI_Datatype, MPI_Datatype*)
     int MPI_Type_commit(MPI_Datatype*)

@@ -90,13 +90,16 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                nbytes: int, inputs: Sequence, fields: Callable[[], dict] = dict) -> Work:
         """call(comm) now; or, for a non-blocking operation on host tensors (asyncOp, the
         engine on, at least FASTREDUCE_ENGINE_HOST_BYTES: every rank decides alike), on the
-        progress engine's thread and its duplicate communicator. The compiled calls check
+        progress engine's thread and its duplicate communicator (nbytes -1: a size that
+        differs between ranks, decided as 0 bytes). The compiled calls check
         (debug mode) and record (a timeout set) what they do; for the engine's jobs the
         ranks agree on the operation here, on the caller's thread, with fields()."""
         if getattr(opts, "asyncOp", False) and _engine.state()[0] and \
-                0 <= _engine.host_bytes() <= nbytes and not _any_cuda(inputs):
+                0 <= _engine.host_bytes() <= (nbytes if nbytes >= 0 else 0) and \
+                not _any_cuda(inputs):
             if checks._debug:
-                checks.fingerprint(self._comm, name, bytes=nbytes, **fields())
+                checks.fingerprint(self._comm, name, **fields(),
+                                   **({"bytes": nbytes} if nbytes >= 0 else {}))
             dup = _collectives.engine_comm(self._comm)
             return Work(result, job=_engine.submit_call(lambda: call(dup)))
         call(self._comm)
@@ -358,8 +361,11 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 _collectives.alltoall(input, comm=comm, out=output, send_counts=send_counts,
                                       recv_counts=recv_counts)
 
-        return self._start("all_to_all_single", opts, [output], call, _nbytes(input),
-                           [input, output], lambda: dict(dtypes=_dtypes([input])))
+        # uneven splits: byte counts differ between ranks, so the engine is taken from the
+        # settings alone (-1: as for a message of 0 bytes), and the core checks the splits
+        return self._start("all_to_all_single", opts, [output], call,
+                           _nbytes(input) if even else -1, [input, output],
+                           lambda: dict(dtypes=_dtypes([input])))
 
     def alltoall(self, output_tensors, input_tensors, opts=None) -> Work:
         for name, ts in (("output_tensors", output_tensors), ("input_tensors", input_tensors)):
@@ -459,6 +465,9 @@ class _AnySourceReceive:
     def __init__(self, comm: MPI.Intracomm, tensor, tag: int):
         self._comm = comm
         self._tensor = tensor
+        # a CUDA tensor is received on its device and the caller's current stream, from any
+        # thread (a new thread's current device is 0, its stream the default one)
+        self._stream = torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
         self._tag = tag
         self.source = -1
         self._error: BaseException | None = None
@@ -471,7 +480,13 @@ class _AnySourceReceive:
 
     def _receive(self) -> None:
         try:
-            self.source, _ = _collectives.recv(self._tensor, None, self._tag, comm=self._comm)
+            if self._stream is None:
+                self.source, _ = _collectives.recv(self._tensor, None, self._tag,
+                                                   comm=self._comm)
+            else:
+                with torch.cuda.device(self._tensor.device), torch.cuda.stream(self._stream):
+                    self.source, _ = _collectives.recv(self._tensor, None, self._tag,
+                                                       comm=self._comm)
         except BaseException as exc:  # noqa: BLE001  (raised by wait or test)
             self._error = exc
         self.done = True
