@@ -95,10 +95,13 @@ def _unpack(flat, tensors: Sequence) -> None:
         offset += t.numel()
 
 
-def _check_same(tensors: Sequence, like, what: str) -> None:
+def _check_same(tensors: Sequence, like, what, like_what: str = "the input") -> None:
+    """Each tensor checked, and of like's dtype and element count; `what` names the list
+    (its i-th tensor is what[i]) or is a function of i naming the i-th tensor."""
     for i, t in enumerate(tensors):
-        _check_tensor(t, f"{what}[{i}]")
+        name = what(i) if callable(what) else f"{what}[{i}]"
+        _check_tensor(t, name)
         if t.dtype != like.dtype or t.numel() != like.numel():
-            raise ValueError(f"fastreduce backend: {what}[{i}] has {t.numel()} elements of "
-                             f"{t.dtype}, the input {like.numel()} of {like.dtype}; they must "
-                             f"match")
+            raise ValueError(f"fastreduce backend: {name} has {t.numel()} elements of "
+                             f"{t.dtype}, {like_what} {like.numel()} of {like.dtype}; they "
+                             f"must match")

@@ -247,12 +247,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         per_input = [[outs[i] for outs in output_lists] for i in range(len(input_list))]
         for i, (outs, x) in enumerate(zip(per_input, input_list, strict=True)):
             _check_tensor(x, f"input_tensor_list[{i}]")
-            for r, o in enumerate(outs):
-                _check_tensor(o, f"output_tensor_lists[{r}][{i}]")
-                if o.dtype != x.dtype or o.numel() != x.numel():
-                    raise ValueError(f"fastreduce backend: output_tensor_lists[{r}][{i}] has "
-                                     f"{o.numel()} elements of {o.dtype}, input_tensor_list[{i}] "
-                                     f"{x.numel()} of {x.dtype}; they must match")
+            _check_same(outs, x, lambda r, i=i: f"output_tensor_lists[{r}][{i}]",
+                        f"input_tensor_list[{i}]")
         for outs, x in zip(per_input, input_list, strict=True):
             self.allgather([outs], [x], _blocking(_AllgatherOptions()))
         return Done(list(output_lists))
