@@ -11,6 +11,17 @@ from mpi_harness import (  # noqa: F401  (the harness's hooks and fixtures, for 
 )
 
 
+@pytest.fixture
+def count_limit(request):
+    """The int-count limit lowered to the case's parameter (elements per int-count MPI
+    call), restored after (test_allreduce.py, test_movement.py)."""
+    import fastreduce.backend.reduce
+
+    old = fastreduce.backend.reduce._set_count_limit(request.param)
+    yield request.param
+    fastreduce.backend.reduce._set_count_limit(old)
+
+
 @pytest.fixture(scope="module")
 def process_group():
     """torch.distributed's default group on the fastreduce backend for the module: made here

@@ -87,15 +87,6 @@ def cases(frameworks=("torch", "numpy"), big: bool = False) -> list:
 
 
 @pytest.fixture
-def count_limit(request):
-    """The int-count limit lowered to the case's parameter (elements per int-count MPI
-    call), restored after."""
-    old = fastreduce.backend.reduce._set_count_limit(request.param)
-    yield request.param
-    fastreduce.backend.reduce._set_count_limit(old)
-
-
-@pytest.fixture
 def segment_bytes(request):
     """The segment size pinned to the case's parameter (bytes per MPI call; 0: off),
     restored after."""

@@ -119,15 +119,6 @@ def same(got: np.ndarray, want: np.ndarray) -> bool:
     return got.shape == want.shape and np.array_equal(got, want)
 
 
-@pytest.fixture
-def count_limit(request):
-    """The int-count limit lowered to the case's parameter (elements per int-count MPI
-    call), restored after."""
-    old = fastreduce.backend.reduce._set_count_limit(request.param)
-    yield request.param
-    fastreduce.backend.reduce._set_count_limit(old)
-
-
 # -- broadcast_ ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fw_name, dtype", case_params(MOVE_CASES))
