@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "BarrierTimeout",
     "CalibrationError",
     "ClusterError",
     "CollectiveMismatch",
@@ -46,6 +47,11 @@ class CalibrationError(FastreduceError, RuntimeError):
 
 class BackendError(FastreduceError, ValueError):
     """An operation, dtype or setting the torch.distributed backend does not support."""
+
+
+class BarrierTimeout(FastreduceError, RuntimeError):
+    """A torch.distributed barrier on a fastreduce group waited past the group's timeout:
+    a rank of the group never arrived."""
 
 
 class UsageError(FastreduceError):

@@ -55,7 +55,7 @@ class World:
 def world(engine) -> World:
     """The default group on fastreduce (rank, size and rendezvous from MPI), and gloo's;
     destroyed at the module's end."""
-    assert "MASTER_ADDR" not in os.environ and "RANK" not in os.environ, "test must run bare"
+    assert "MASTER_ADDR" not in os.environ, "test must run bare (no torchrun rendezvous)"
     dist.init_process_group("fastreduce")
     yield World(dist.get_rank(), dist.get_world_size(), dist.new_group(backend="gloo"))
     dist.barrier()
@@ -455,6 +455,64 @@ def test_all_gather_coalesced_is_laid_out_as_gloos(world, checks):
             dist.all_gather_coalesced(bad, [torch.zeros(2)])
 
     checks.run("all_gather_coalesced", body)
+
+
+# --- the group as torch and torchrun scripts look at it -------------------------------------
+def test_torchrun_environment(world, checks):
+    """Under mpiexec the import set torchrun's variables from MPI (the node's ranks found
+    here by mpi4py's own MPI_Comm_split_type)."""
+    from mpi4py import MPI
+
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    want = {"RANK": world.rank, "WORLD_SIZE": world.size, "LOCAL_RANK": node.Get_rank(),
+            "LOCAL_WORLD_SIZE": node.Get_size()}
+    node.Free()
+    got = {k: os.environ.get(k) for k in want}
+    checks.check(got == {k: str(v) for k, v in want.items()}, f"torchrun variables {got}")
+
+
+def test_backend_per_device(world, checks):
+    """torch's look-ups by device: the default device (torch.distributed.checkpoint), the
+    object collectives' device, a backend per device (batch_isend_irecv on torch 2.15)."""
+    import warnings
+
+    c10d = dist.distributed_c10d
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # _get_pg_default_device is deprecated
+        checks.check(c10d._get_pg_default_device() == torch.device("cpu"),
+                     "default device is not the host")
+    devices = c10d._device_capability()
+    checks.check(devices == (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]),
+                 f"devices {devices}")
+    checks.check(c10d._get_object_coll_device() == "cpu", "object collectives' device")
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    checks.check(backend.supports_coalescing is False, "coalescing claimed")
+    with pytest.raises(RuntimeError, match="(?i)backend.* device type meta"):
+        dist.group.WORLD._get_backend(torch.device("meta"))
+
+
+def test_barrier_times_out_on_every_waiting_rank(world, checks, ring):
+    """The last rank comes late: every other rank's barrier raises at the group's timeout
+    (1 s), naming the barrier; the late rank's arrival then completes their barrier."""
+    import datetime
+    import time
+
+    from fastreduce.errors import BarrierTimeout
+
+    group = dist.new_group(timeout=datetime.timedelta(seconds=1))
+    late = world.rank == world.size - 1
+    if not late:
+        start = time.monotonic()
+        with pytest.raises(BarrierTimeout, match="barrier timed out after 1 s"):
+            dist.barrier(group=group)
+        waited = time.monotonic() - start
+        checks.check(1.0 <= waited < 30, f"barrier raised after {waited:.2f} s")
+    fastreduce.default_comm().Barrier()  # the others have raised
+    if late:
+        dist.barrier(group=group)  # matches their pending barrier
+    else:
+        group._abandoned[0].Wait()
+    dist.destroy_process_group(group)
 
 
 # --- point to point -----------------------------------------------------------------------

@@ -4,15 +4,16 @@
     dist.init_process_group("fastreduce")      # under mpiexec or srun: nothing else to set
 
 Rank and world size come from MPI (fastreduce.default_comm()), and so does the rendezvous:
+where the launcher did not set them, the import sets RANK, WORLD_SIZE, LOCAL_RANK and
+LOCAL_WORLD_SIZE as torchrun would (collective: every rank imports it), so scripts written
+for torchrun run unchanged under mpiexec and srun. The rendezvous:
 rank 0's address for torch's key-value store travels by MPI_Bcast, so no MASTER_ADDR or
 MASTER_PORT is needed (when they are set, torch's own env:// rendezvous runs as usual, and
 rank/world_size given to init_process_group must equal MPI's).
 
 Every operation is one MPI call on the group's communicator with the tensors' own memory:
-all-reduce through fastreduce's core (zero-copy DLPack, GPU paths as for allreduce, the
-progress engine for non-blocking requests), the other collectives and point-to-point
-through mpi4py on the tensors' addresses. CUDA tensors go to MPI directly where the MPI
-promises blocking calls on device memory (fastreduce.gpupaths), else through host copies.
+every collective and point-to-point call through fastreduce's compiled core (zero-copy
+DLPack, GPU paths as for allreduce, the progress engine for non-blocking requests).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .rendezvous import (  # noqa: E402
     _mpi_rendezvous,
     _rendezvous_module,
     _torch_env_handler,
+    export_torchrun_environment,
 )
 from .work import Work  # noqa: E402
 
@@ -55,6 +57,7 @@ def _register() -> None:
         dist.register_rendezvous_handler("mpi", _mpi_rendezvous)
     if _torch_env_handler is not None and handlers.get("env") is _torch_env_handler:
         handlers["env"] = _env_or_mpi  # only changes what would have failed: no MASTER_ADDR
+    export_torchrun_environment()
 
 
 _register()

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ... import checks
+from ... import checks, watchdog
 from ...backend import collectives as _collectives
 from ...backend import engine as _engine
-from ...errors import BackendError
+from ...errors import BackendError, BarrierTimeout
 from ..buckets import RecurringBuckets, schedule_setting
 from .packing import (
     _check_same,
@@ -36,6 +37,19 @@ _SUM = dist.ReduceOp.SUM
 _STRIDED = torch.strided
 
 
+def _python_backend_base():
+    """torch's Backend class where Python may subclass it (torch 2.15), else None."""
+    base = torch._C._distributed_c10d.Backend
+    try:
+        type("_Probe", (base,), {})(0, 1)
+    except TypeError:  # "No constructor defined"
+        return None
+    return base
+
+
+_PYTHON_BACKEND_BASE = _python_backend_base()
+
+
 class ProcessGroupFastreduce(dist.ProcessGroup):
     """A torch.distributed process group over an MPI communicator (one group rank per
     communicator rank, in the same order)."""
@@ -49,6 +63,9 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         self._buckets: RecurringBuckets | None = None  # made at the first asyncOp all-reduce
+        self._abandoned: list = []  # barriers that timed out, kept until they complete
+        if _PYTHON_BACKEND_BASE is not None:
+            self._register_device_backends()
 
     @property
     def comm(self) -> MPI.Intracomm:
@@ -74,6 +91,34 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
+
+    # torch looks a group's backend up per device (batch_isend_irecv on torch 2.15, the
+    # object collectives' device, torch.distributed.checkpoint's default device): for host
+    # tensors and, where there is a GPU, CUDA tensors. Where torch has a Python backend
+    # base, a DeviceBackend is registered per device (set up by __init__); else the group
+    # answers torch's look-ups itself, as its own backend.
+    supports_coalescing = False  # batch_isend_irecv: one isend/irecv per operation
+    supports_splitting = False
+
+    def _register_device_backends(self) -> None:
+        backend = DeviceBackend(self)
+        kind = dist.ProcessGroup.BackendType.CUSTOM
+        for device in _device_types():
+            self._register_backend(device, kind, backend)
+        self._set_default_backend(kind)
+
+    if _PYTHON_BACKEND_BASE is None:
+        @property
+        def _device_types(self) -> list[torch.device]:
+            return _device_types()
+
+        def _get_backend(self, device) -> ProcessGroupFastreduce:
+            kind = torch.device(device).type
+            if torch.device(kind) not in _device_types():
+                raise RuntimeError(
+                    f"fastreduce backend: no backend for device type {kind} (this group "
+                    f"serves {', '.join(d.type for d in _device_types())})")
+            return self
 
     def rank(self) -> int:
         return self._rank
@@ -378,10 +423,25 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return Done(list(output_tensors))
 
     def barrier(self, opts=None) -> Work:
+        """Every rank of the group arrived; bounded by the group's timeout (BarrierOptions'
+        own where given): past it, every rank that waits raises, naming the barrier."""
         if checks._debug:
             checks.fingerprint(self._comm, "barrier")
         _engine.wait_idle()  # work queued before the barrier is done when it returns
-        self._comm.Barrier()
+        limit = getattr(opts, "timeout", None)
+        if limit is None or limit.total_seconds() <= 0:
+            limit = self._timeout
+        request = self._comm.Ibarrier()
+        with watchdog.recorded("MPI_Ibarrier: dist.barrier", self._comm):
+            arrived = _wait_at_most(request, limit.total_seconds() if limit else None)
+        if not arrived:
+            self._abandoned.append(request)  # completes if the missing ranks ever arrive
+            raise BarrierTimeout(
+                f"fastreduce backend: barrier timed out after {limit.total_seconds():g} s on "
+                f"rank {self._rank} of a group of {self._size}: a rank of the group did not "
+                f"arrive (it failed, or is stuck before the barrier). The group's timeout "
+                f"(init_process_group(timeout=) or new_group(timeout=)) sets the bound; this "
+                f"group cannot be used again: end the job")
         return Done([])
 
     # torch's newer names for the same operations
@@ -511,6 +571,67 @@ class _AnySourceReceive:
             self._thread.join()  # finished: returns at once
         self._result()
         return True
+
+
+# The operations torch may call on a backend looked up by device, each the group's own.
+_BACKEND_OPERATIONS = (
+    "broadcast", "allreduce", "allreduce_coalesced", "reduce", "allgather",
+    "all_gather_single", "allgather_coalesced", "all_gather_single_coalesced", "gather",
+    "scatter", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced",
+    "all_to_all_single", "alltoall", "send", "recv", "recv_anysource", "barrier")
+
+
+def _delegate(name: str):
+    def operation(self, *args):
+        return getattr(self._group, name)(*args)
+
+    operation.__name__ = name
+    operation.__doc__ = f"The group's {name}."
+    return operation
+
+
+if _PYTHON_BACKEND_BASE is not None:
+    class DeviceBackend(_PYTHON_BACKEND_BASE):
+        """The backend a fastreduce group registers per device: its group's operations."""
+
+        supports_coalescing = False
+        supports_splitting = False
+
+        def __init__(self, group: ProcessGroupFastreduce):
+            super().__init__(group.rank(), group.size())
+            self._group = group
+
+        def getBackendName(self) -> str:  # noqa: N802  (torch's name)
+            return BACKEND
+
+    for _name in _BACKEND_OPERATIONS:
+        setattr(DeviceBackend, _name, _delegate(_name))
+
+
+def _device_types() -> list[torch.device]:
+    """The devices a group serves: the host, and CUDA where this process has a GPU."""
+    if torch.cuda.is_available():
+        return [torch.device("cpu"), torch.device("cuda")]
+    return [torch.device("cpu")]
+
+
+def _wait_at_most(request: MPI.Request, seconds: float | None) -> bool:
+    """Whether request completed within seconds (None: no bound): a short spin, then
+    polls 1 ms apart, so a prompt barrier costs no sleep."""
+    if seconds is None:
+        request.Wait()
+        return True
+    deadline = time.monotonic() + seconds
+    for _ in range(1000):
+        if request.Test():
+            return True
+    pause = 1e-5
+    while time.monotonic() < deadline:
+        if request.Test():
+            return True
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+    return bool(request.Test())
 
 
 def _any_cuda(tensors) -> bool:

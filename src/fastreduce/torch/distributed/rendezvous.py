@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
-from ... import settings, watchdog
+from ... import runtime, settings, watchdog
 from ...backend import collectives as _collectives
 from ...errors import BackendError
 
@@ -182,6 +182,42 @@ def _mpi_rendezvous(url: str = "mpi://", timeout=None, **kwargs):
         raise BackendError(_unreachable(results, offer, size, bound, bool(named)))
     store.set_timeout(timeout)
     yield store, rank, size
+
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+# the process that set them: a child (a job this one launches) inherits the variables but
+# is not described by them
+_SET_BY = "FASTREDUCE_TORCHRUN_VARIABLES_OF"
+
+
+def torchrun_environment(environ, rank: int, size: int, local, pid: int) -> dict[str, str]:
+    """The variables torchrun sets that environ lacks, from MPI: rank and size of the
+    world, and local() -> (rank, size) on the node, called only when needed. Where RANK
+    or WORLD_SIZE is set by the launcher, it is torchrun's kind: nothing is added; where
+    they were set by another process (pid: this one), they are replaced."""
+    setter = environ.get(_SET_BY)
+    if setter == str(pid):
+        return {}
+    if setter is not None:
+        environ = {k: v for k, v in environ.items() if k not in TORCHRUN_VARIABLES}
+    if "RANK" in environ or "WORLD_SIZE" in environ:
+        return {}
+    values = {"RANK": rank, "WORLD_SIZE": size}
+    if "LOCAL_RANK" not in environ or "LOCAL_WORLD_SIZE" not in environ:
+        values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"] = local()
+    values = {k: v for k, v in values.items() if k not in environ}
+    return {**{k: str(v) for k, v in values.items()}, _SET_BY: str(pid)}
+
+
+def export_torchrun_environment() -> None:
+    """Set RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from MPI where the launcher
+    (mpiexec, srun) did not, so scripts written for torchrun run unchanged. Collective over
+    fastreduce.default_comm() when LOCAL_RANK is unset (the node's ranks, found once by
+    MPI_Comm_split_type): every rank imports fastreduce.distributed."""
+    world = _collectives.default_comm()
+    os.environ.update(torchrun_environment(
+        os.environ, world.Get_rank(), world.Get_size(),
+        lambda: (runtime.local_rank(), runtime.local_size()), os.getpid()))
 
 
 def _env_or_mpi(url: str, timeout=None, **kwargs):
