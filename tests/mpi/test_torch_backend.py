@@ -491,6 +491,34 @@ def test_backend_per_device(world, checks):
         dist.group.WORLD._get_backend(torch.device("meta"))
 
 
+def test_profiler_events(world, checks):
+    """One event per operation, named as torch's backends name theirs, with the input
+    shapes; an operation made of others (all_to_all of all_to_all_single) records one."""
+    from torch.autograd import profiler
+
+    t = make(world.rank, (4, 3), torch.float32)
+    out = torch.empty(world.size * 4, 3)
+    with profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+        dist.all_gather_into_tensor(out, t)
+        dist.all_to_all([torch.empty(1) for _ in range(world.size)],
+                        [torch.zeros(1) for _ in range(world.size)])
+        dist.all_reduce(t, async_op=True).wait()
+        dist.barrier()
+    events = {}
+    for e in prof.function_events:
+        if e.name.startswith("fastreduce:"):
+            events.setdefault(e.name, []).append(e)
+    counts = {name: len(es) for name, es in events.items()}
+    checks.check(counts == {"fastreduce:all_reduce": 2, "fastreduce:broadcast": 1,
+                            "fastreduce:all_gather_into_tensor": 1,
+                            "fastreduce:all_to_all": 1, "fastreduce:barrier": 1},
+                 f"events {counts}")
+    shapes = [e.input_shapes for e in events.get("fastreduce:all_reduce", [])]
+    checks.check(shapes == [[[4, 3]], [[4, 3]]], f"all_reduce shapes {shapes}")
+
+
 def test_barrier_times_out_on_every_waiting_rank(world, checks, ring):
     """The last rank comes late: every other rank's barrier raises at the group's timeout
     (1 s), naming the barrier; the late rank's arrival then completes their barrier."""

@@ -27,6 +27,7 @@ from .packing import (
     _premultiply,
     _unpack,
 )
+from .profiling import profiled
 from .work import Done, Work
 
 _graph_task_id = torch._C._current_graph_task_id  # -1 outside a backward pass
@@ -35,6 +36,11 @@ BACKEND = "fastreduce"
 _AllgatherOptions = torch._C._distributed_c10d.AllgatherOptions  # not in torch.distributed
 _SUM = dist.ReduceOp.SUM
 _STRIDED = torch.strided
+
+
+def _profiled(event: str, inputs: int | None = 0):
+    """A backend operation's profiler event, "fastreduce:<event>" (torch's names)."""
+    return profiled(BACKEND, event, inputs)
 
 
 def _python_backend_base():
@@ -152,6 +158,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
     # -- all-reduce (fastreduce's core) --
 
+    @_profiled("all_reduce")
     def allreduce(self, tensors, opts=None) -> Work:
         """Each tensor reduced in place; non-blocking on the progress engine when asked
         (asyncOp, as DDP's buckets are) for CUDA tensors and host tensors of at least
@@ -194,6 +201,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 schedule_setting(), lambda v: _collectives.allreduce_(v, "sum", comm=comm))
         return buckets.overlap((t.data_ptr(), t.numel()))
 
+    @_profiled("all_reduce_coalesced")
     def allreduce_coalesced(self, tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         op, factor = _op_of(opts.reduceOp)
@@ -206,6 +214,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
     # -- data movement: the compiled core's calls on the tensors' memory --
 
+    @_profiled("broadcast")
     def broadcast(self, tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
         root = self._root(opts.rootRank)
@@ -220,6 +229,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return self._start("broadcast", opts, tensors, call, sum(_nbytes(t) for t in tensors),
                            tensors, lambda: dict(root=root, dtypes=_dtypes(tensors)))
 
+    @_profiled("reduce")
     def reduce(self, tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceOptions()
         root = self._root(opts.rootRank)
@@ -238,6 +248,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return self._start("reduce", opts, tensors, call, sum(_nbytes(t) for t in tensors),
                            tensors, lambda: dict(root=root, op=op, dtypes=_dtypes(tensors)))
 
+    @_profiled("all_gather", 1)
     def allgather(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else _AllgatherOptions()
         self._one_per_rank(output_tensors, input_tensors, "output_tensors")
@@ -258,6 +269,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                            [input_tensors, output_tensors],
                            lambda: dict(dtypes=_dtypes(input_tensors)))
 
+    @_profiled("all_gather_into_tensor", 1)
     def _allgather_base(self, output, input, opts=None) -> Work:
         opts = opts if opts is not None else _AllgatherOptions()
         _check_tensor(output, "output")
@@ -273,11 +285,13 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return self._start("all_gather_into_tensor", opts, [output], call, _nbytes(output),
                            [input, output], lambda: dict(dtypes=_dtypes([input])))
 
+    @_profiled("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         for o, x in zip(outputs, inputs, strict=True):
             self._allgather_base(o, x, _blocking(_AllgatherOptions()))
         return Done(list(outputs))
 
+    @_profiled("all_gather_coalesced", 1)
     def allgather_coalesced(self, output_lists, input_list, opts=None) -> Work:
         """torch's all_gather_coalesced: output_lists[r][i] receives rank r's input_list[i]
         (one list per rank, each with one tensor per input)."""
@@ -298,6 +312,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             self.allgather([outs], [x], _blocking(_AllgatherOptions()))
         return Done(list(output_lists))
 
+    @_profiled("reduce_scatter", 1)
     def reduce_scatter(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         self._one_per_rank(input_tensors, output_tensors, "input_tensors")
@@ -309,6 +324,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             self._reduce_scatter_base(out, flat, _blocking(dist.ReduceScatterOptions(), opts))
         return Done(list(output_tensors))
 
+    @_profiled("reduce_scatter_tensor", 1)
     def _reduce_scatter_base(self, output, input, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         _check_tensor(output, "output")
@@ -328,12 +344,14 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return self._start("reduce_scatter_tensor", opts, [output], call, _nbytes(input),
                            [input, output], lambda: dict(op=op, dtypes=_dtypes([input])))
 
+    @_profiled("reduce_scatter_tensor_coalesced", 1)
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         for o, x in zip(outputs, inputs, strict=True):
             self._reduce_scatter_base(o, x, _blocking(dist.ReduceScatterOptions(), opts))
         return Done(list(outputs))
 
+    @_profiled("gather", 1)
     def gather(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.GatherOptions()
         root = self._root(opts.rootRank)
@@ -361,6 +379,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return self._start("gather", opts, output_tensors, call, _nbytes(x) * self._size,
                            [x, output_tensors], lambda: dict(root=root, dtypes=_dtypes([x])))
 
+    @_profiled("scatter", 1)
     def scatter(self, output_tensors, input_tensors, opts=None) -> Work:
         opts = opts if opts is not None else dist.ScatterOptions()
         root = self._root(opts.rootRank)
@@ -383,6 +402,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return self._start("scatter", opts, output_tensors, call, _nbytes(out) * self._size,
                            [out, input_tensors], lambda: dict(root=root, dtypes=_dtypes([out])))
 
+    @_profiled("all_to_all", 1)
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
                       opts=None) -> Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
@@ -408,6 +428,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                            _nbytes(input) if even else -1, [input, output],
                            lambda: dict(dtypes=_dtypes([input])))
 
+    @_profiled("all_to_all", 1)
     def alltoall(self, output_tensors, input_tensors, opts=None) -> Work:
         for name, ts in (("output_tensors", output_tensors), ("input_tensors", input_tensors)):
             if len(ts) != self._size:
@@ -422,6 +443,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         _unpack(flat_out, output_tensors)
         return Done(list(output_tensors))
 
+    @_profiled("barrier", None)
     def barrier(self, opts=None) -> Work:
         """Every rank of the group arrived; bounded by the group's timeout (BarrierOptions'
         own where given): past it, every rank that waits raises, naming the barrier."""
@@ -453,16 +475,19 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
 
     # -- point-to-point: MPI_Isend / MPI_Irecv on the group's communicator --
 
+    @_profiled("send")
     def send(self, tensors, dst_rank: int, tag: int = 0) -> Work:
         t = self._p2p_tensor(tensors, dst_rank, "dst")
         request = _collectives.isend(t, dst_rank, tag, comm=self._comm)
         return Work([t], mpi_request=request)
 
+    @_profiled("recv")
     def recv(self, tensors, src_rank: int, tag: int = 0) -> Work:
         t = self._p2p_tensor(tensors, src_rank, "src")
         request = _collectives.irecv(t, src_rank, tag, comm=self._comm)
         return Work([t], mpi_request=request, source=src_rank)
 
+    @_profiled("recvAnySource")
     def recv_anysource(self, tensors, tag: int = 0) -> Work:
         t = self._p2p_tensor(tensors, None, "src")
         return Work([t], mpi_request=_AnySourceReceive(self._comm, t, tag),

@@ -122,6 +122,13 @@ class Work(dist.Work):
                     self._waiter.start()
         return self._future
 
+    def _when_complete(self, callback) -> None:
+        """callback() once the operation has completed (now, if it has)."""
+        if self._future is None or self._finished:
+            callback()
+        else:
+            self._future.add_done_callback(lambda _: callback())
+
     def _source_rank(self) -> int:
         """The rank a recv_anysource() received from (after wait())."""
         return self._source
@@ -140,6 +147,9 @@ class Done(Work):
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         return True
+
+    def _when_complete(self, callback) -> None:
+        callback()
 
     def is_completed(self) -> bool:
         return True
