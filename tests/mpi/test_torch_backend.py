@@ -397,6 +397,38 @@ def test_all_to_all(world, checks, shape, dtype, async_op):
 
 
 # --- coalesced ----------------------------------------------------------------------------
+def test_sparse_all_reduce(world, checks):
+    """Sparse COO tensors summed as gloo sums them (duplicates added), every rank's entries
+    in the result; a rank with no entries; refusals on every rank."""
+    rank, size = world.rank, world.size
+
+    def mine(r):
+        if r == 1:  # no entries at all
+            return torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64),
+                                           torch.zeros(0, 2), (size + 1, 2))
+        return torch.sparse_coo_tensor(torch.tensor([[r, r + 1]]),
+                                       torch.tensor([[r + 1.0, 1.0], [2.0, r * 3.0]]),
+                                       (size + 1, 2))
+
+    def body():
+        t = mine(rank)
+        dist.all_reduce(t)
+        want = sum(mine(r).to_dense() for r in range(size))
+        checks.check(t.is_sparse and torch.equal(t.to_dense(), want), f"sparse sum {t}")
+        g = mine(rank)
+        if with_gloo(world, dist.all_reduce, g):
+            checks.check(torch.equal(g.to_dense(), t.to_dense()), "differs from gloo")
+        with pytest.raises(frd.BackendError, match="sums only"):
+            dist.all_reduce(mine(rank), op=dist.ReduceOp.MAX)
+        if size > 1:
+            odd = mine(rank) if rank else torch.sparse_coo_tensor(
+                torch.tensor([[0]]), torch.tensor([[1.0, 1.0]]), (size + 2, 2))
+            with pytest.raises(frd.BackendError, match="differ between ranks"):
+                dist.all_reduce(odd)
+
+    checks.run("sparse all_reduce", body)
+
+
 def test_coalesced_all_reduce(world, checks):
     def body():
         rank, size = world.rank, world.size
@@ -789,7 +821,7 @@ def rejected(case: str, x: torch.Tensor, size: int):
             lambda: dist.all_to_all_single(torch.empty(size), torch.empty(size), [1] * size,
                                            [2] * size), (x,)),
         "sparse": (frd.BackendError, ["layout", "dense"],
-                   lambda: dist.all_reduce(torch.eye(3).to_sparse()), ()),
+                   lambda: dist.broadcast(torch.eye(3).to_sparse(), src=0), ()),
         "meta": (frd.BackendError, ["meta", "cpu and cuda"],
                  lambda: dist.broadcast(torch.empty(3, device="meta"), src=0), ()),
     }[case]

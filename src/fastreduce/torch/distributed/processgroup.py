@@ -36,6 +36,7 @@ BACKEND = "fastreduce"
 _AllgatherOptions = torch._C._distributed_c10d.AllgatherOptions  # not in torch.distributed
 _SUM = dist.ReduceOp.SUM
 _STRIDED = torch.strided
+_SPARSE = torch.sparse_coo
 
 
 def _profiled(event: str, inputs: int | None = 0):
@@ -165,6 +166,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         FASTREDUCE_ENGINE_HOST_BYTES, else at once. The core validates the tensors."""
         if opts is None:
             opts = dist.AllreduceOptions()
+        if any(t.layout == _SPARSE for t in tensors):
+            return self._allreduce_sparse(tensors, opts)
         reduce_op = opts.reduceOp
         if reduce_op == _SUM:  # the common case without the look-up
             op, factor = "sum", None
@@ -185,6 +188,47 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 return Done(list(tensors))
         for t in tensors:
             _collectives.allreduce_(t, op, comm=self._comm)
+        return Done(list(tensors))
+
+    allreduce_sparse = allreduce  # torch 2.15's name for a sparse tensor's all-reduce
+
+    def _allreduce_sparse(self, tensors, opts) -> Work:
+        """Sparse COO host tensors summed as gloo sums them: every rank's indices and values
+        gathered (MPI_Allgatherv), duplicates added, the result copied into each tensor.
+        Every rank checks that all ranks give the same shape and dtype before any data
+        moves."""
+        if opts.reduceOp != _SUM:
+            raise BackendError(f"fastreduce backend: a sparse all_reduce sums only (as gloo's); "
+                               f"got {opts.reduceOp}: reduce t.to_dense() for other ops")
+        for i, t in enumerate(tensors):
+            if t.layout != _SPARSE or t.is_cuda:
+                raise BackendError(f"fastreduce backend: tensors[{i}] is {t.layout} on "
+                                   f"{t.device}: a sparse all_reduce takes sparse COO host "
+                                   f"tensors only, all of them")
+        for t in tensors:
+            x = t.coalesce()
+            mine = (x._nnz(), tuple(x.shape), x.sparse_dim(), str(x.dtype))
+            every = self._comm.allgather(mine)
+            if any(e[1:] != mine[1:] for e in every):
+                shapes = "; ".join(f"rank {r}: {tuple(e[1])} {e[3]}" for r, e in
+                                   enumerate(every))
+                raise BackendError(f"fastreduce backend: sparse all_reduce of tensors that "
+                                   f"differ between ranks ({shapes}): give every rank the "
+                                   f"same shape, sparse dimensions and dtype")
+            counts = [e[0] for e in every]
+            dims = x.sparse_dim()
+            dense = tuple(x.shape[dims:])
+            row = 1
+            for n in dense:
+                row *= n
+            indices = _collectives.allgather(x.indices().t().contiguous().reshape(-1),
+                                             counts=[c * dims for c in counts], comm=self._comm)
+            values = _collectives.allgather(x.values().contiguous().reshape(-1),
+                                            counts=[c * row for c in counts], comm=self._comm)
+            total = sum(counts)
+            summed = torch.sparse_coo_tensor(indices.reshape(total, dims).t(),
+                                             values.reshape(total, *dense), x.shape)
+            t.copy_(summed.coalesce())
         return Done(list(tensors))
 
     def _overlap(self, t: torch.Tensor) -> bool:
@@ -600,7 +644,7 @@ class _AnySourceReceive:
 
 # The operations torch may call on a backend looked up by device, each the group's own.
 _BACKEND_OPERATIONS = (
-    "broadcast", "allreduce", "allreduce_coalesced", "reduce", "allgather",
+    "broadcast", "allreduce", "allreduce_sparse", "allreduce_coalesced", "reduce", "allgather",
     "all_gather_single", "allgather_coalesced", "all_gather_single_coalesced", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced",
     "all_to_all_single", "alltoall", "send", "recv", "recv_anysource", "barrier")
