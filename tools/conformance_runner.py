@@ -9,6 +9,7 @@ tools/torch_conformance.py (PyTorch's distributed_test.py); not a module of the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -171,3 +172,29 @@ def print_report(ranks: int, outcomes: dict) -> None:
     for name, o in outcomes.items():
         if o["outcome"] != "passed":
             print(f"  {o['outcome']:7} {name}: {o['message'][:200]}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every conformance tool takes."""
+    parser.add_argument("--ranks", default="2,3", help="rank counts, e.g. 2,3 (default)")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds per test")
+    parser.add_argument("--job-timeout", type=float, default=3600,
+                        help="seconds per MPI job (a hang outside any test)")
+    parser.add_argument("--json", type=Path, help="write every outcome here")
+    parser.add_argument("-k", help="pytest -k expression: only these tests")
+
+
+def run_all(root: Path, tests: str, args, env_for=lambda ranks: {}, hint: str = "") -> int:
+    """The tests on each rank count of args.ranks (env_for(ranks): the job's added
+    environment), each count's report printed, --json written, root removed; 0."""
+    select = ["-k", args.k] if args.k else []
+    report = {}
+    for ranks in (int(n) for n in args.ranks.split(",")):
+        outcomes = run(root, tests, ranks, args.timeout, select, args.job_timeout,
+                       env=env_for(ranks), hint=hint)
+        report[ranks] = outcomes
+        print_report(ranks, outcomes)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    shutil.rmtree(root, ignore_errors=True)
+    return 0

@@ -19,13 +19,12 @@ with the first line of its error) and writes everything as JSON with --json.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from conformance_runner import PLUGIN, print_report, run
+from conformance_runner import PLUGIN, add_arguments, run_all
 
 HINT = ("Horovod's test helpers need cloudpickle, mock and packaging: "
         "pip install cloudpickle mock packaging")
@@ -69,26 +68,10 @@ def scratch(horovod: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--horovod", type=Path, required=True, help="a Horovod checkout")
-    parser.add_argument("--ranks", default="2,3", help="rank counts, e.g. 2,3 (default)")
-    parser.add_argument("--timeout", type=float, default=120, help="seconds per test")
-    parser.add_argument("--job-timeout", type=float, default=3600,
-                        help="seconds per MPI job (a hang outside any test)")
-    parser.add_argument("--json", type=Path, help="write every outcome here")
-    parser.add_argument("-k", help="pytest -k expression: only these tests")
+    add_arguments(parser)
     args = parser.parse_args(argv)
-    root = scratch(args.horovod.expanduser())
-    select = ["-k", args.k] if args.k else []
-    report = {}
-    for ranks in (int(n) for n in args.ranks.split(",")):
-        outcomes = run(root, "test/parallel/test_torch.py", ranks, args.timeout, select,
-                       args.job_timeout, hint=HINT)
-        report[ranks] = outcomes
-        print_report(ranks, outcomes)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
-    shutil.rmtree(root, ignore_errors=True)
-    return 0
-
+    return run_all(scratch(args.horovod.expanduser()), "test/parallel/test_torch.py", args,
+                   hint=HINT)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,13 +25,11 @@ its error; --json writes every outcome.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from conformance_runner import PLUGIN, print_report, run
+from conformance_runner import PLUGIN, add_arguments, run_all
 
 HARNESS = '''"""PyTorch's DistributedTest._DistTestBase on every rank, in lockstep."""
 import os
@@ -106,34 +104,22 @@ def scratch() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", default="2,3", help="rank counts, e.g. 2,3 (default)")
     parser.add_argument("--backend", default="fastreduce", help="fastreduce (default) or gloo")
     parser.add_argument("--features", default="ddp,subgroup,plugin",
                         help="the suite's backend_feature sets to declare the backend in")
     parser.add_argument("--profiling", action="store_true",
                         help="declare the backend as one that records profiler events")
-    parser.add_argument("--timeout", type=float, default=120, help="seconds per test")
-    parser.add_argument("--job-timeout", type=float, default=3600,
-                        help="seconds per MPI job (a hang outside any test)")
-    parser.add_argument("--json", type=Path, help="write every outcome here")
-    parser.add_argument("-k", help="pytest -k expression: only these tests")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     root = scratch()
-    select = ["-k", args.k] if args.k else []
-    report = {}
-    for ranks in (int(n) for n in args.ranks.split(",")):
-        env = {"BACKEND": args.backend, "WORLD_SIZE": str(ranks),
-               "TEMP_DIR": str(root / "tmp"), "CONFORMANCE_FEATURES": args.features,
-               "CONFORMANCE_PROFILING": "1" if args.profiling else "0"}
-        outcomes = run(root, TESTS, ranks, args.timeout, select, args.job_timeout, env=env,
-                       hint="torch's test modules need expecttest: pip install expecttest")
-        report[ranks] = outcomes
-        print_report(ranks, outcomes)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
-    shutil.rmtree(root, ignore_errors=True)
-    return 0
 
+    def env_for(ranks: int) -> dict:
+        return {"BACKEND": args.backend, "WORLD_SIZE": str(ranks),
+                "TEMP_DIR": str(root / "tmp"), "CONFORMANCE_FEATURES": args.features,
+                "CONFORMANCE_PROFILING": "1" if args.profiling else "0"}
+
+    return run_all(root, TESTS, args, env_for,
+                   hint="torch's test modules need expecttest: pip install expecttest")
 
 if __name__ == "__main__":
     sys.exit(main())
