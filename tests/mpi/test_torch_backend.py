@@ -405,10 +405,11 @@ def test_sparse_all_reduce(world, checks):
     def mine(r):
         if r == 1:  # no entries at all
             return torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64),
-                                           torch.zeros(0, 2), (size + 1, 2))
+                                           torch.zeros(0, 2), (size + 1, 2),
+                                           check_invariants=True)
         return torch.sparse_coo_tensor(torch.tensor([[r, r + 1]]),
                                        torch.tensor([[r + 1.0, 1.0], [2.0, r * 3.0]]),
-                                       (size + 1, 2))
+                                       (size + 1, 2), check_invariants=True)
 
     def body():
         t = mine(rank)
@@ -422,7 +423,8 @@ def test_sparse_all_reduce(world, checks):
             dist.all_reduce(mine(rank), op=dist.ReduceOp.MAX)
         if size > 1:
             odd = mine(rank) if rank else torch.sparse_coo_tensor(
-                torch.tensor([[0]]), torch.tensor([[1.0, 1.0]]), (size + 2, 2))
+                torch.tensor([[0]]), torch.tensor([[1.0, 1.0]]), (size + 2, 2),
+                check_invariants=True)
             with pytest.raises(frd.BackendError, match="differ between ranks"):
                 dist.all_reduce(odd)
 

@@ -227,7 +227,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                                             counts=[c * row for c in counts], comm=self._comm)
             total = sum(counts)
             summed = torch.sparse_coo_tensor(indices.reshape(total, dims).t(),
-                                             values.reshape(total, *dense), x.shape)
+                                             values.reshape(total, *dense), x.shape,
+                                             check_invariants=True)  # others' indices
             t.copy_(summed.coalesce())
         return Done(list(tensors))
 
