@@ -42,3 +42,43 @@ def test_rendezvous_candidate_addresses():
     for text in ["node1:", "node1:70000", "a b", "[node]:1", ":5"]:
         with pytest.raises(SettingError, match="FASTREDUCE_STORE_ADDR"):
             value("FASTREDUCE_STORE_ADDR", {"FASTREDUCE_STORE_ADDR": text})
+
+
+# A probe still inside torch's client when the program ends: its client times out (a
+# listener whose backlog is full: the connect is never answered) after the rendezvous
+# stopped waiting for it. Returning from C++ after the exit handlers (into MPI_Finalize, say,
+# which waits for the other ranks) would abort the process: it must be over by then. The
+# first exit handler registered runs last: it says whether the probe still runs.
+LATE_PROBE = """
+import atexit, socket, sys
+
+atexit.register(lambda: print("probe running after the exit handlers:", any(
+    t.is_alive() for t in sys.modules["fastreduce.torch.distributed.rendezvous"]._late)))
+import fastreduce.torch.distributed.rendezvous as rdv
+
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(0)
+port = listener.getsockname()[1]
+fillers = []
+for _ in range(4):  # fill the backlog: later connects are not answered
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", port))
+    fillers.append(s)
+rdv._ANSWER_S = 0.05  # the rendezvous moves on before the client's own 2 s timeout
+print("answer:", rdv._client("127.0.0.1", port, 2, "token"))
+print("late probes:", len(rdv._late))
+"""
+
+
+def test_a_late_probe_ends_before_the_program_does():
+    import subprocess
+    import sys
+
+    pytest.importorskip("fastreduce.torch.distributed.rendezvous")
+    proc = subprocess.run([sys.executable, "-c", LATE_PROBE], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "late probes: 1" in proc.stdout, proc.stdout + proc.stderr
+    assert "probe running after the exit handlers: False" in proc.stdout, proc.stdout

@@ -10,6 +10,7 @@ a rank that reached nothing makes every rank raise BackendError.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import ipaddress
 import os
@@ -29,6 +30,7 @@ from ...errors import BackendError
 
 _KEY = "fastreduce/rendezvous"  # rank 0 sets its token here: the store reached is rank 0's
 _PROBE_S = 2.0  # the longest one connection attempt may take
+_ANSWER_S = 2 * _PROBE_S  # how long the rendezvous waits for one probe's answer
 _LOOPBACK = "127.0.0.1"
 
 
@@ -100,8 +102,27 @@ def _client(host: str, port: int, size: int, token: str):
 
     thread = threading.Thread(target=connect, name="fastreduce-rendezvous", daemon=True)
     thread.start()
-    thread.join(2 * _PROBE_S)
+    thread.join(_ANSWER_S)
+    if thread.is_alive():
+        _late.append(thread)
     return answer[0] if answer else "a listener that is not torch's store"
+
+
+# Probes still inside torch's client when the rendezvous went on. One that returns while the
+# interpreter shuts down aborts the process (a daemon thread leaving C++ code then is ended
+# by an unwind that C++ turns into std::terminate): at exit, each gets the time its client's
+# own timeout needs. One that waits for ever (a listener that is not a store) stays blocked
+# in C++, which ends with the process.
+_late: list[threading.Thread] = []
+
+
+def _join_late_probes() -> None:
+    deadline = time.monotonic() + 2 * _PROBE_S
+    for thread in _late:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_join_late_probes)
 
 
 def _reach(hosts: list[str], port: int, token: str, size: int, bound: float,
