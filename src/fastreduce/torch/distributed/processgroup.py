@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -49,7 +50,7 @@ def _python_backend_base():
     base = torch._C._distributed_c10d.Backend
     try:
         type("_Probe", (base,), {})(0, 1)
-    except TypeError:  # "No constructor defined"
+    except Exception:  # noqa: BLE001  (TypeError "No constructor defined" where it may not)
         return None
     return base
 
@@ -653,7 +654,7 @@ _BACKEND_OPERATIONS = (
 
 def _delegate(name: str):
     def operation(self, *args):
-        return getattr(self._group, name)(*args)
+        return getattr(self._group(), name)(*args)
 
     operation.__name__ = name
     operation.__doc__ = f"The group's {name}."
@@ -669,7 +670,8 @@ if _PYTHON_BACKEND_BASE is not None:
 
         def __init__(self, group: ProcessGroupFastreduce):
             super().__init__(group.rank(), group.size())
-            self._group = group
+            # weakly: the group holds this backend, and a cycle through C++ is never freed
+            self._group = weakref.ref(group)
 
         def getBackendName(self) -> str:  # noqa: N802  (torch's name)
             return BACKEND
