@@ -118,9 +118,9 @@ def run(root: Path, tests: str, ranks: int, timeout: float, select: list[str],
             proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
                                   timeout=job_timeout)
         except subprocess.TimeoutExpired as exc:
-            out, err = (t.decode(errors="replace") if isinstance(t, bytes) else t or ""
-                        for t in (exc.stdout, exc.stderr))
-            proc = subprocess.CompletedProcess(command, 124, out, f"{err}\nTimeout: the "
+            stdout, stderr = (t.decode(errors="replace") if isinstance(t, bytes) else t or ""
+                              for t in (exc.stdout, exc.stderr))
+            proc = subprocess.CompletedProcess(command, 124, stdout, f"{stderr}\nTimeout: the "
                                                f"job ran past {job_timeout:.0f} s")
         results = read_logs(out, ranks)
         unfinished = [t for t, per_rank in results.items() if t not in ended

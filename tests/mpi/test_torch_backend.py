@@ -521,6 +521,10 @@ def test_backend_per_device(world, checks):
     checks.check(c10d._get_object_coll_device() == "cpu", "object collectives' device")
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     checks.check(backend.supports_coalescing is False, "coalescing claimed")
+    checks.check(backend.getBackendName() == "fastreduce", f"backend {backend}")
+    t = torch.ones(2)
+    backend.allreduce([t], dist.AllreduceOptions()).wait()  # its operations are the group's
+    checks.check(torch.equal(t, torch.full((2,), float(world.size))), f"sum {t}")
     with pytest.raises(RuntimeError, match="(?i)backend.* device type meta"):
         dist.group.WORLD._get_backend(torch.device("meta"))
 
@@ -553,6 +557,32 @@ def test_profiler_events(world, checks):
     checks.check(shapes == [[[4, 3]], [[4, 3]]], f"all_reduce shapes {shapes}")
 
 
+def test_profiler_event_of_background_work_ends_when_it_completes(world, checks):
+    """An all-reduce run on the progress engine (256 KiB, async_op): its event is
+    asynchronous and ends when the work completes, not when the profiler stops."""
+    import time
+
+    from torch.autograd import profiler
+
+    from fastreduce.backend import engine
+
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t, async_op=True).wait()  # the engine started before the profile
+    with profiler.profile() as prof:
+        start = time.perf_counter()
+        dist.all_reduce(t, async_op=True).wait()
+        waited = time.perf_counter() - start
+        time.sleep(0.5)
+    events = [e for e in prof.function_events if e.name == "fastreduce:all_reduce"]
+    checks.check(len(events) == 1, f"{len(events)} events")
+    for e in events:
+        lasted = e.time_range.elapsed_us() / 1e6
+        checks.check(lasted < waited + 0.25, f"the event lasted {lasted:.3f} s, the work "
+                                             f"{waited:.3f} s: it ended at the profile's end")
+        on_engine = engine.state()[0] and 0 <= engine.host_bytes() <= t.nbytes
+        checks.check(e.is_async == on_engine, f"is_async {e.is_async}")
+
+
 def test_barrier_times_out_on_every_waiting_rank(world, checks, ring):
     """The last rank comes late: every other rank's barrier raises at the group's timeout
     (1 s), naming the barrier; the late rank's arrival then completes their barrier."""
@@ -563,16 +593,23 @@ def test_barrier_times_out_on_every_waiting_rank(world, checks, ring):
 
     group = dist.new_group(timeout=datetime.timedelta(seconds=1))
     late = world.rank == world.size - 1
-    if not late:
-        start = time.monotonic()
-        with pytest.raises(BarrierTimeout, match="barrier timed out after 1 s"):
-            dist.barrier(group=group)
-        waited = time.monotonic() - start
-        checks.check(1.0 <= waited < 30, f"barrier raised after {waited:.2f} s")
-    fastreduce.default_comm().Barrier()  # the others have raised
+    raised = None
+    try:
+        if not late:
+            start = time.monotonic()
+            try:
+                dist.barrier(group=group)
+            except BarrierTimeout as exc:
+                raised = str(exc)
+            waited = time.monotonic() - start
+            checks.check(raised is not None and "barrier timed out after 1 s" in raised
+                         and "the group's timeout" in raised, f"raised {raised!r}")
+            checks.check(1.0 <= waited < 30, f"barrier ended after {waited:.2f} s")
+    finally:
+        fastreduce.default_comm().Barrier()  # the others are past their barrier
     if late:
         dist.barrier(group=group)  # matches their pending barrier
-    else:
+    elif raised is not None:
         group._abandoned[0].Wait()
     dist.destroy_process_group(group)
 

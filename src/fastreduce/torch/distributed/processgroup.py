@@ -492,13 +492,15 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
     @_profiled("barrier", None)
     def barrier(self, opts=None) -> Work:
         """Every rank of the group arrived; bounded by the group's timeout (BarrierOptions'
-        own where given): past it, every rank that waits raises, naming the barrier."""
+        own where given): past it, every rank that waits raises, naming the barrier. Not
+        bounded: debug mode's check and queued engine work, which come first."""
         if checks._debug:
             checks.fingerprint(self._comm, "barrier")
         _engine.wait_idle()  # work queued before the barrier is done when it returns
-        limit = getattr(opts, "timeout", None)
+        limit, source = getattr(opts, "timeout", None), "the barrier's timeout argument"
         if limit is None or limit.total_seconds() <= 0:
-            limit = self._timeout
+            limit, source = self._timeout, ("the group's timeout (init_process_group(timeout=) "
+                                            "or new_group(timeout=))")
         request = self._comm.Ibarrier()
         with watchdog.recorded("MPI_Ibarrier: dist.barrier", self._comm):
             arrived = _wait_at_most(request, limit.total_seconds() if limit else None)
@@ -507,9 +509,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             raise BarrierTimeout(
                 f"fastreduce backend: barrier timed out after {limit.total_seconds():g} s on "
                 f"rank {self._rank} of a group of {self._size}: a rank of the group did not "
-                f"arrive (it failed, or is stuck before the barrier). The group's timeout "
-                f"(init_process_group(timeout=) or new_group(timeout=)) sets the bound; this "
-                f"group cannot be used again: end the job")
+                f"arrive (it failed, or is stuck before the barrier). The bound is {source}; "
+                f"this group cannot be used again: end the job")
         return Done([])
 
     # torch's newer names for the same operations

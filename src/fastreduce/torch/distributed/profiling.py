@@ -12,6 +12,9 @@ import torch
 _enabled = torch._C._autograd._profiler_enabled
 _enter = torch._C._autograd._record_function_with_args_enter
 _exit = torch._C._autograd._record_function_with_args_exit
+# ends the event when the future completes, on whichever thread: the profiler's state
+# goes with it (a plain done-callback on the engine's thread would record no end)
+_exit_on = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction
 _inside = threading.local()  # an operation made of others records one event
 
 
@@ -43,7 +46,11 @@ def profiled(backend: str, event: str, inputs: int | None = 0):
                 raise
             finally:
                 _inside.active = False
-            work._when_complete(lambda: _exit(handle))
+            future = work._pending_future()
+            if future is None:
+                _exit(handle)
+            else:
+                _exit_on(handle, future)
             return work
 
         return run

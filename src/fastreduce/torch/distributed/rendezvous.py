@@ -206,8 +206,9 @@ def _mpi_rendezvous(url: str = "mpi://", timeout=None, **kwargs):
 
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-# the process that set them: a child (a job this one launches) inherits the variables but
-# is not described by them
+# "pid:RANK=..,WORLD_SIZE=..": the process that set them and what it set. A child (a job
+# this one launches) inherits them but is not described by them; a launcher between (e.g.
+# torchrun) sets its own values, which are kept.
 _SET_BY = "FASTREDUCE_TORCHRUN_VARIABLES_OF"
 
 
@@ -215,19 +216,21 @@ def torchrun_environment(environ, rank: int, size: int, local, pid: int) -> dict
     """The variables torchrun sets that environ lacks, from MPI: rank and size of the
     world, and local() -> (rank, size) on the node, called only when needed. Where RANK
     or WORLD_SIZE is set by the launcher, it is torchrun's kind: nothing is added; where
-    they were set by another process (pid: this one), they are replaced."""
-    setter = environ.get(_SET_BY)
+    another process (pid: this one) set them, its values are replaced."""
+    setter, _, inherited = environ.get(_SET_BY, "").partition(":")
     if setter == str(pid):
         return {}
-    if setter is not None:
-        environ = {k: v for k, v in environ.items() if k not in TORCHRUN_VARIABLES}
-    if "RANK" in environ or "WORLD_SIZE" in environ:
+    if setter:
+        set_there = dict(kv.split("=", 1) for kv in inherited.split(",") if "=" in kv)
+        environ = {k: v for k, v in environ.items()
+                   if not (k in TORCHRUN_VARIABLES and set_there.get(k) == v)}
+    if "RANK" in environ or "WORLD_SIZE" in environ or "TORCHELASTIC_RUN_ID" in environ:
         return {}
     values = {"RANK": rank, "WORLD_SIZE": size}
     if "LOCAL_RANK" not in environ or "LOCAL_WORLD_SIZE" not in environ:
         values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"] = local()
-    values = {k: v for k, v in values.items() if k not in environ}
-    return {**{k: str(v) for k, v in values.items()}, _SET_BY: str(pid)}
+    added = {k: str(v) for k, v in values.items() if k not in environ}
+    return {**added, _SET_BY: f"{pid}:" + ",".join(f"{k}={v}" for k, v in added.items())}
 
 
 def export_torchrun_environment() -> None:

@@ -122,12 +122,9 @@ class Work(dist.Work):
                     self._waiter.start()
         return self._future
 
-    def _when_complete(self, callback) -> None:
-        """callback() once the operation has completed (now, if it has)."""
-        if self._future is None or self._finished:
-            callback()
-        else:
-            self._future.add_done_callback(lambda _: callback())
+    def _pending_future(self):
+        """The future the operation completes, or None if it has completed."""
+        return None if self._future is None or self._finished else self._future
 
     def _source_rank(self) -> int:
         """The rank a recv_anysource() received from (after wait())."""
@@ -148,8 +145,8 @@ class Done(Work):
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         return True
 
-    def _when_complete(self, callback) -> None:
-        callback()
+    def _pending_future(self):
+        return None
 
     def is_completed(self) -> bool:
         return True
