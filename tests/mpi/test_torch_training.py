@@ -205,19 +205,8 @@ def test_zero_redundancy_optimizer_equals_gloo(world, checks):
 
 
 def fsdp_run(rank, pg):
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = DeviceMesh.from_group(pg, "cpu")
-    model = fresh()
-    fully_shard(model.a, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(STEPS):
-        opt.zero_grad()
-        x, y = batch(rank, step)
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+    model, opt = fsdp_model(pg, 0, torch.optim.SGD, lr=0.1)
+    train(model, opt, rank, range(STEPS))
     return {n: p.full_tensor().detach() for n, p in model.named_parameters()}
 
 
@@ -253,7 +242,8 @@ def test_checkpoint_save_and_load(world, checks, shared_tmp_path):
     checks.run("checkpoint", body)
 
 
-def fsdp_model(pg, seed: int):
+def fsdp_model(pg, seed: int, optimizer=torch.optim.Adam, lr: float = 0.01):
+    """Net made from `seed`, fully_shard on a layer and on the model over pg's mesh."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -262,7 +252,7 @@ def fsdp_model(pg, seed: int):
     model = Net()
     fully_shard(model.a, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, optimizer(model.parameters(), lr=lr)
 
 
 def train(model, opt, rank: int, steps) -> list[float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import threading
 import time
 import weakref
@@ -105,9 +106,6 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
     # tensors and, where there is a GPU, CUDA tensors. Where torch has a Python backend
     # base, a DeviceBackend is registered per device (set up by __init__); else the group
     # answers torch's look-ups itself, as its own backend.
-    supports_coalescing = False  # batch_isend_irecv: one isend/irecv per operation
-    supports_splitting = False
-
     def _register_device_backends(self) -> None:
         backend = DeviceBackend(self)
         kind = dist.ProcessGroup.BackendType.CUSTOM
@@ -116,6 +114,9 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         self._set_default_backend(kind)
 
     if _PYTHON_BACKEND_BASE is None:
+        supports_coalescing = False  # batch_isend_irecv: one isend/irecv per operation
+        supports_splitting = False
+
         @property
         def _device_types(self) -> list[torch.device]:
             return _device_types()
@@ -167,8 +168,11 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         FASTREDUCE_ENGINE_HOST_BYTES, else at once. The core validates the tensors."""
         if opts is None:
             opts = dist.AllreduceOptions()
-        if any(t.layout == _SPARSE for t in tensors):
-            return self._allreduce_sparse(tensors, opts)
+        for i, t in enumerate(tensors):
+            if t.layout != _STRIDED:  # the core would see no memory at all
+                if t.layout == _SPARSE:
+                    return self._allreduce_sparse(tensors, opts)
+                _check_tensor(t, f"tensors[{i}]")
         reduce_op = opts.reduceOp
         if reduce_op == _SUM:  # the common case without the look-up
             op, factor = "sum", None
@@ -176,9 +180,6 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             op, factor = _op_of(reduce_op)
             if factor is not None:
                 _premultiply(tensors, factor)
-        for i, t in enumerate(tensors):
-            if t.layout != _STRIDED:  # the core would see no memory at all
-                _check_tensor(t, f"tensors[{i}]")
         if len(tensors) == 1 and opts.asyncOp and _engine.state()[0]:
             t = tensors[0]
             if (t.is_cuda or 0 <= _engine.host_bytes() <= t.nbytes) and self._overlap(t):
@@ -219,9 +220,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             counts = [e[0] for e in every]
             dims = x.sparse_dim()
             dense = tuple(x.shape[dims:])
-            row = 1
-            for n in dense:
-                row *= n
+            row = math.prod(dense)
             indices = _collectives.allgather(x.indices().t().contiguous().reshape(-1),
                                              counts=[c * dims for c in counts], comm=self._comm)
             values = _collectives.allgather(x.values().contiguous().reshape(-1),
