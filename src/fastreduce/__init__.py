@@ -13,8 +13,14 @@ import importlib.machinery
 import importlib.util
 import sys
 
+from mpi4py import MPI as _MPI
+
 from . import _abi
 
+if _MPI.Is_finalized():  # the compiled core's set-up makes MPI calls: they would abort
+    raise ImportError("fastreduce: MPI was finalized (MPI.Finalize() ran) before fastreduce "
+                      "was imported; import fastreduce before finalizing MPI (mpi4py "
+                      "finalizes it at exit by itself)")
 _abi.check()  # before any MPI call through a possibly mismatched library
 
 from . import (  # noqa: E402, F401  (fastreduce.runtime without an import)

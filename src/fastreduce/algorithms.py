@@ -18,9 +18,13 @@ one for every size, or ``auto`` (the default) follows a size table: pinned by
   docs/algorithms.md).
 
 Across nodes the ``mpi`` algorithm's segments are off (one call per message): a segment
-costs a round trip of the network. `agree` runs at a communicator's first all-reduce
-(collective): every rank must make the same MPI calls, so a difference in the settings
-raises on every rank.
+costs a round trip of the network. `agree` runs at a communicator's first collective
+(collective): every rank must make the same MPI calls, so a difference in these settings,
+or in any other setting that chooses a rank's MPI calls (`call_settings`: segments, the
+progress engine, 16-bit ops, GPU staging chunks), raises SettingError on every rank,
+naming the setting and each rank's value. (Debug mode's check comes before it, so that
+collectives issued in different orders are named; FASTREDUCE_DEBUG itself must be the same
+on every rank: turning it on is collective.)
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from . import agreement, settings, watchdog
-from .backend import algochoice, engine, mpierrors, reduce
-from .sizes import SizeTable
+from .backend import algochoice, cudart, engine, mpierrors, reduce, reductions
+from .errors import SettingError
+from .sizes import SizeTable, format_size
 
 __all__ = ["ALGORITHMS", "NETWORK_FROM", "PIECE_BYTES", "AlgorithmTable", "agree",
            "algorithm_mode", "pinned_table", "plan", "set_algorithm", "set_algorithm_table"]
@@ -110,16 +115,46 @@ def _forget() -> None:
     algochoice.forget()
 
 
+# What each field of the agreement is called in messages: the setting and its switches.
+_FIELD_NAMES = {
+    "algorithm": "the all-reduce algorithm (FASTREDUCE_ALGORITHM, set_algorithm)",
+    "table": "the algorithm table (FASTREDUCE_ALGORITHM_TABLE, set_algorithm_table)",
+    "segments": "the all-reduce segment size (FASTREDUCE_SEGMENT_BYTES, "
+                "runtime.set_segment_bytes)",
+    "engine": "the progress engine (FASTREDUCE_ENGINE)",
+    "engine host bytes": "the engine's host threshold (FASTREDUCE_ENGINE_HOST_BYTES)",
+    "half ops": "the 16-bit ops (FASTREDUCE_HALF_OPS)",
+    "staging chunk": "the GPU staging chunk (FASTREDUCE_STAGING_CHUNK_KB, "
+                     "gpupaths.set_staging_chunk)",
+}
+
+
+def call_settings() -> dict:
+    """This rank's settings, besides the algorithm's, that choose the MPI calls it makes:
+    what a communicator's ranks must agree on before their first collective."""
+    host_bytes = engine.host_bytes()
+    return {
+        "segments": (format_size(reduce.segment_bytes()) if reduce.segment_bytes_pinned()
+                     else "per communicator"),
+        "engine": "on" if engine.state()[0] else "off",
+        "engine host bytes": "off" if host_bytes < 0 else format_size(host_bytes),
+        "half ops": reductions.half_ops(),
+        "staging chunk": format_size(cudart.staging_chunk()) if cudart.staging_chunk()
+        else "automatic",
+    }
+
+
 def agree(comm) -> dict:
     """What every rank of comm agreed on: the size table, segments, node communicators.
 
-    Collective. A bad or different setting on any rank raises ValueError on every rank.
+    Collective. A bad setting on any rank raises ValueError on every rank; settings that
+    differ between ranks (the algorithm's and `call_settings()`), SettingError.
     """
     try:
         mode = algorithm_mode()
         pinned = pinned_table() if mode == "auto" else None
-        mine, error = {"algorithm": mode,
-                       "table": pinned.spec() if pinned else "from the nodes"}, None
+        mine, error = {"algorithm": mode, "table": pinned.spec() if pinned else "from the nodes",
+                       **call_settings()}, None
     except ValueError as exc:
         mine, error = None, exc
     size = comm.Get_size()
@@ -177,12 +212,15 @@ def _refused(ranks: list[int], listing: str) -> ValueError:
                       f"({listing})")
 
 
-def _differ(found: agreement.Differences) -> ValueError:
-    said = found.by_rank(lambda f: f"algorithm {f['algorithm']}, table {f['table']}")
-    return ValueError(
-        f"fastreduce: the ranks of this communicator disagree on the all-reduce algorithm, "
-        f"which decides the MPI calls each one makes ({said}); give every rank the same "
-        f"FASTREDUCE_ALGORITHM and FASTREDUCE_ALGORITHM_TABLE (and set_algorithm* calls)")
+def _differ(found: agreement.Differences) -> SettingError:
+    said = "; ".join(
+        f"{_FIELD_NAMES.get(field, field)}: " + ", ".join(
+            f"{agreement.ranks_text(ranks, 8)} {value}" for value, ranks in by_value.items())
+        for field, by_value in found.fields.items())
+    return SettingError(
+        f"fastreduce: the ranks of this communicator disagree on settings that decide the "
+        f"MPI calls each one makes, so no collective runs on it ({said}); give every rank "
+        f"the same environment and the same set_* calls")
 
 
 def plan(comm=None) -> dict:

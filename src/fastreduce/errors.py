@@ -20,6 +20,7 @@ __all__ = [
     "HorovodInternalError",
     "HorovodMismatch",
     "SettingError",
+    "SettingWarning",
     "UsageError",
 ]
 
@@ -30,6 +31,11 @@ class FastreduceError(Exception):
 
 class SettingError(FastreduceError, ValueError):
     """A ``FASTREDUCE_*`` environment variable holds a value its parser refuses."""
+
+
+class SettingWarning(UserWarning):
+    """A ``FASTREDUCE_*`` variable in the environment that is no setting but close to one
+    (a misspelling fastreduce would otherwise ignore)."""
 
 
 class CollectiveMismatch(FastreduceError, RuntimeError):

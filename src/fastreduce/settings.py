@@ -11,6 +11,7 @@ table, and the settings page of the documentation is generated from it.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -20,7 +21,8 @@ from typing import Any
 from .errors import SettingError
 from .sizes import parse_size
 
-__all__ = ["SETTINGS", "Setting", "describe", "is_set", "raw", "value"]
+__all__ = ["SETTINGS", "Setting", "check_all", "describe", "is_set", "misspelled", "raw",
+           "value"]
 
 
 @dataclass(frozen=True)
@@ -66,16 +68,26 @@ def _flag(name: str, default: bool | None) -> Callable[[str | None], Any]:
     return parse
 
 
-def _seconds(name: str, hint: str, zero_is_none: bool) -> Callable[[str | None], Any]:
+# The largest size a setting takes: what the compiled core's int64 byte counts hold with
+# room to add to them (a petabyte is far past any buffer a rank holds).
+MAX_BYTES = 1 << 50
+MAX_SECONDS = 1e9  # about 30 years: past any job's wall time
+
+
+def _seconds(name: str, hint: str, zero_is_none: bool, default: float | None = None
+             ) -> Callable[[str | None], Any]:
+    """Seconds > 0; unset or blank gives the default; with zero_is_none, 0 gives None."""
     def parse(text: str | None):
         text = (text or "").strip()
-        if not text or (zero_is_none and text == "0"):
+        if not text:
+            return default
+        if zero_is_none and text == "0":
             return None
         try:
             seconds = float(text)
         except ValueError:
             seconds = float("nan")
-        if not seconds > 0:
+        if not 0 < seconds <= MAX_SECONDS:  # NaN and infinity fail too
             raise _fail(name, text, hint)
         return seconds
     return parse
@@ -90,14 +102,18 @@ def _size(name: str, hint: str, default: int | None, off: int | None = None
         if off is not None and text == "off":
             return off
         try:
-            return parse_size(text)
+            nbytes = parse_size(text)
         except ValueError:
             raise _fail(name, text, hint) from None
+        if nbytes > MAX_BYTES:
+            raise _fail(name, text, f"at most {MAX_BYTES >> 40}TiB; {hint}")
+        return nbytes
     return parse
 
 
-def _number(name: str, hint: str, cast: Callable[[str], Any], positive: bool = False
-            ) -> Callable[[str | None], Any]:
+def _number(name: str, hint: str, cast: Callable[[str], Any], lowest: float,
+            highest: float) -> Callable[[str | None], Any]:
+    """A number from `lowest` to `highest` (NaN and infinity refused); None when unset."""
     def parse(text: str | None):
         text = (text or "").strip()
         if not text:
@@ -106,7 +122,7 @@ def _number(name: str, hint: str, cast: Callable[[str], Any], positive: bool = F
             number = cast(text)
         except ValueError:
             raise _fail(name, text, hint) from None
-        if positive and not number >= 1:
+        if not lowest <= number <= highest:
             raise _fail(name, text, hint)
         return number
     return parse
@@ -144,7 +160,7 @@ def _count(name: str, hint: str, default: int) -> Callable[[str | None], Any]:
             number = int(text)
         except ValueError:
             raise _fail(name, text, hint) from None
-        if number < 0:
+        if not 0 <= number <= MAX_BYTES:
             raise _fail(name, text, hint)
         return number
     return parse
@@ -170,13 +186,16 @@ SETTINGS: tuple[Setting, ...] = (
             "Debug mode: how long a rank waits for the others' fingerprints before it reports "
             "a rank that has not arrived.",
             _seconds("FASTREDUCE_DEBUG_WAIT", "give a number of seconds > 0", False), "checks"),
-    Setting("FASTREDUCE_TIMEOUT", "seconds", "none",
-            "The watchdog: a collective not completed within this many seconds prints the "
-            "flight record and aborts the job (0 or unset: no watchdog).",
-            _seconds("FASTREDUCE_TIMEOUT", "give seconds, or 0 for none", True), "checks"),
+    Setting("FASTREDUCE_TIMEOUT", "seconds", "600",
+            "The watchdog: a collective waited for longer than this many seconds prints the "
+            "flight record and aborts the job (default 600, torch.distributed's bound; 0: "
+            "no watchdog and no record).",
+            _seconds("FASTREDUCE_TIMEOUT", "give seconds, or 0 for none", True, 600.0),
+            "checks"),
     Setting("FASTREDUCE_FLIGHT_RECORD", "count", "64",
             "How many recent collectives the flight record keeps.",
-            _number("FASTREDUCE_FLIGHT_RECORD", "give a positive number", int, positive=True),
+            _number("FASTREDUCE_FLIGHT_RECORD", "give a whole number from 1 to 1000000", int,
+                    1, 1_000_000),
             "checks"),
     Setting("FASTREDUCE_CHECK_CONSISTENCY", "0 or 1", "0",
             "The torch layers compare dtype and shape across ranks before each reduction "
@@ -203,7 +222,8 @@ SETTINGS: tuple[Setting, ...] = (
             _text, "host"),
     Setting("FASTREDUCE_RESULT_CACHE_MB", "MiB", "256",
             "The most memory the out-of-place result cache keeps for reuse (0: none).",
-            _number("FASTREDUCE_RESULT_CACHE_MB", "give a number of MiB", float), "host"),
+            _number("FASTREDUCE_RESULT_CACHE_MB", f"give a number of MiB from 0 to "
+                    f"{MAX_BYTES >> 20} (0: no cache)", float, 0, MAX_BYTES >> 20), "host"),
     Setting("FASTREDUCE_HALF_OPS", "auto, mpi or fastreduce", "auto",
             "Whose reduction ops 16-bit floats use: fastreduce's (auto, fastreduce) or "
             "the MPI's own types where they reduce correctly (mpi).",
@@ -241,8 +261,8 @@ SETTINGS: tuple[Setting, ...] = (
             _text, "gpu"),
     Setting("FASTREDUCE_STAGING_CHUNK_KB", "KiB", "0 (automatic)",
             "The chunk size of the pipelined GPU staging path (0: automatic).",
-            _number("FASTREDUCE_STAGING_CHUNK_KB", "give a whole number of KiB (0: automatic)",
-                    int), "gpu"),
+            _number("FASTREDUCE_STAGING_CHUNK_KB", f"give a whole number of KiB from 0 to "
+                    f"{MAX_BYTES >> 10} (0: automatic)", int, 0, MAX_BYTES >> 10), "gpu"),
     Setting("FASTREDUCE_CUDART", "path", "searched",
             "The CUDA runtime library to load, instead of searching for it.",
             _text, "gpu"),
@@ -322,3 +342,39 @@ def describe(environ: Mapping[str, str] | None = None) -> list[tuple[str, str, s
         shown = text if text is not None else f"(default: {s.default})"
         rows.append((s.name, shown, s.doc))
     return rows
+
+
+# FASTREDUCE_* names in the environment that are not settings: fastreduce's own hand-over
+# to child processes, and its test suite's variables (FASTREDUCE_TEST_*)
+_NOT_SETTINGS = ("FASTREDUCE_TORCHRUN_VARIABLES_OF",)
+_NOT_SETTINGS_PREFIX = "FASTREDUCE_TEST_"
+
+
+def check_all(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every setting given in the environment; one SettingError naming each bad
+    variable, its value and what to give (nothing is acted on)."""
+    problems = []
+    for s in SETTINGS:
+        try:
+            s.parse(raw(s.name, environ))
+        except SettingError as exc:
+            problems.append(str(exc).removeprefix("fastreduce: "))
+    if problems:
+        raise SettingError("fastreduce: " + "; ".join(problems))
+
+
+def misspelled(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(name, the setting it is closest to) for each FASTREDUCE_* variable in the
+    environment that is no setting but near one: a typo that would be ignored."""
+    environ = os.environ if environ is None else environ
+    prefix = "FASTREDUCE_"
+    suffixes = {s.name[len(prefix):]: s.name for s in SETTINGS if s.name.startswith(prefix)}
+    found = []
+    for name in sorted(environ):
+        if not name.startswith(prefix) or name in _BY_NAME or name in _NOT_SETTINGS or \
+                name.startswith(_NOT_SETTINGS_PREFIX):
+            continue
+        close = difflib.get_close_matches(name[len(prefix):], suffixes, n=1, cutoff=0.75)
+        if close:
+            found.append((name, suffixes[close[0]]))
+    return found

@@ -1,15 +1,14 @@
 """A timeout for collectives that never complete, and the flight record that explains them.
 
-With FASTREDUCE_TIMEOUT=seconds (or set_timeout(seconds)), fastreduce records its last
-collectives (FASTREDUCE_FLIGHT_RECORD of them, default 64) and a watchdog thread checks
-them: when one has been waited for longer than the timeout (a blocking call still in MPI,
-or a request's wait()), the rank prints its flight record, the stuck call marked, on
-stderr and ends the job with MPI_Abort, so a hang does not burn the allocation (2 s after
-printing, so that the other ranks stuck in the same call print theirs; a rank whose
-MPI_Abort cannot reach its launcher, as when its node's link is down, exits by itself 10 s
-later).
-`flight_record()` returns the record at any time. Off by default: recording costs about a
-microsecond a call.
+By default (as torch.distributed bounds its collectives), a collective waited for longer
+than DEFAULT_TIMEOUT seconds (10 minutes) ends the job: the rank prints its flight record,
+the stuck call marked, on stderr and ends the job with MPI_Abort, so a hang does not burn
+the allocation (2 s after printing, so that the other ranks stuck in the same call print
+theirs; a rank whose MPI_Abort cannot reach its launcher, as when its node's link is down,
+exits by itself 10 s later). FASTREDUCE_TIMEOUT=seconds (or set_timeout(seconds)) sets
+another bound, FASTREDUCE_TIMEOUT=0 (or set_timeout(None)) none. The record holds the
+last FASTREDUCE_FLIGHT_RECORD calls (default 64), kept in C by the compiled core at a few
+stores and a clock read a call; `flight_record()` returns it at any time.
 
 A request that is started and not yet waited for is never "stuck": overlapping it with
 long computation is its purpose. A signal handler (SIGUSR1) cannot print the record of a
@@ -19,9 +18,7 @@ none; the watchdog thread is the way.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import itertools
 import os
 import sys
 import threading
@@ -32,98 +29,64 @@ from mpi4py import MPI
 from . import settings
 from .backend import collectives
 
-__all__ = ["flight_record", "format_record", "recorded", "set_timeout", "timeout"]
+__all__ = ["DEFAULT_TIMEOUT", "flight_record", "format_record", "recorded", "set_timeout",
+           "timeout"]
 
+DEFAULT_TIMEOUT = 600.0  # seconds: torch.distributed's default bound on a collective
 _timeout: float | None = None
-_record: collections.deque = collections.deque(maxlen=64)
-_numbers = itertools.count(1)
+_size = 64
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
-
-
-class Entry:
-    """One collective in the flight record."""
-
-    __slots__ = ("number", "call", "comm", "count", "dtype", "started", "waiting_since",
-                 "state")
-
-    def __init__(self, call: str, comm, count: int, dtype: str, blocking: bool):
-        self.number = next(_numbers)
-        self.call = call
-        self.comm = _comm_name(comm)
-        self.count = count
-        self.dtype = dtype
-        self.started = time.time()
-        self.waiting_since = self.started if blocking else None
-        self.state = "in MPI" if blocking else "started"
-
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
+_FIELDS = ("number", "call", "comm", "count", "dtype", "started", "waiting_since", "state")
 
 
 def _comm_name(comm) -> str:
     if comm is None:
         return "default communicator"
-    try:
+    try:  # the record keeps the object it was given: its handle may have been freed since
+        if not collectives.comm_is_live(comm):
+            return "communicator (freed)"
         return f"{comm.Get_name() or 'communicator'} (size {comm.Get_size()})"
     except MPI.Exception:
         return "communicator"
-
-
-def begin(call: str, comm, count: int, dtype: str, blocking: bool = True) -> Entry:
-    """Record a collective as it starts (blocking: in MPI now)."""
-    entry = Entry(call, comm, count, dtype, blocking)
-    _record.append(entry)
-    return entry
 
 
 @contextlib.contextmanager
 def recorded(call: str, comm=None):
     """Record a set-up collective (a communicator made, settings agreed, a calibration)
     while it runs, when a timeout is set: a rank that never arrives is seen there too."""
-    if _timeout is None:
+    entry = collectives.flight_begin(call, comm, 0, "set-up")
+    if entry is None:
         yield
         return
-    entry = begin(call, comm, 0, "set-up")
     try:
         yield
     except BaseException:
-        end(entry, False)
+        collectives.flight_end(entry, False)
         raise
-    end(entry)
-
-
-def waiting(entry: Entry) -> None:
-    """A request's wait() has begun: from now on it can be stuck."""
-    if entry.state == "started":
-        entry.waiting_since = time.time()
-        entry.state = "waiting"
-
-
-def end(entry: Entry, ok: bool = True) -> None:
-    entry.state = "done" if ok else "failed"
-    entry.waiting_since = None
+    collectives.flight_end(entry)
 
 
 def flight_record() -> list[dict]:
     """This rank's last collectives, oldest first: number, call, comm, count, dtype, started
     (time.time()), waiting_since, state ("in MPI", "started", "waiting", "done", "failed")."""
-    return [e.as_dict() for e in list(_record)]
+    return [dict(zip(_FIELDS, (number, call, _comm_name(comm), *rest), strict=True))
+            for number, call, comm, *rest in collectives.flight_entries()]
 
 
-def format_record(stuck: Entry | None = None) -> str:
-    """The flight record as text, the stuck entry marked."""
+def format_record(stuck: int | None = None) -> str:
+    """The flight record as text, the stuck entry (its number) marked."""
     now = time.time()
     rank = MPI.COMM_WORLD.Get_rank()
-    lines = [f"fastreduce flight record, rank {rank} (last {len(_record)} collectives, "
+    entries = flight_record()
+    lines = [f"fastreduce flight record, rank {rank} (last {len(entries)} collectives, "
              f"oldest first):"]
-    entries = list(_record)
-    width = max([22, *(len(e.call) for e in entries)])
+    width = max([22, *(len(e["call"]) for e in entries)])
     for e in entries:
-        mark = ">>" if e is stuck else "  "
-        age = f"{now - e.started:8.2f} s ago"
-        lines.append(f"{mark} #{e.number:<6} {e.call:{width}s} {e.comm:34s} count {e.count:<10} "
-                     f"{e.dtype:9s} started {age}  {e.state}")
+        mark = ">>" if e["number"] == stuck else "  "
+        age = f"{now - e['started']:8.2f} s ago"
+        lines.append(f"{mark} #{e['number']:<6} {e['call']:{width}s} {e['comm']:34s} count "
+                     f"{e['count']:<10} {e['dtype']:9s} started {age}  {e['state']}")
     return "\n".join(lines)
 
 
@@ -133,45 +96,35 @@ def timeout() -> float | None:
 
 
 def set_timeout(seconds: float | None) -> None:
-    """Abort the job when a collective is stuck longer than `seconds` (None: off; the
-    default comes from FASTREDUCE_TIMEOUT). Every rank should use the same setting."""
+    """End the job when a collective is stuck longer than `seconds` (None: never; the
+    default is FASTREDUCE_TIMEOUT's, else DEFAULT_TIMEOUT). Every rank should use the same."""
     global _timeout, _thread
     if seconds is not None:
         seconds = float(seconds)
-        if not seconds > 0:
+        if not 0 < seconds <= settings.MAX_SECONDS:
             raise ValueError(f"fastreduce: timeout {seconds}: give seconds > 0, or None")
     _timeout = seconds
-    if seconds is None:
-        collectives.set_flight_hooks(None, None, None)
-    else:
-        collectives.set_flight_hooks(begin, recorded, waiting)
+    collectives.set_flight_record(_size if seconds is not None else 0,
+                                  recorded if seconds is not None else None)
     with _lock:
         if seconds is not None and _thread is None:
             _thread = threading.Thread(target=_watch, name="fastreduce-watchdog", daemon=True)
             _thread.start()
 
 
-def _stuck() -> Entry | None:
-    if _timeout is None:
-        return None
-    now = time.time()
-    for e in list(_record):
-        if e.waiting_since is not None and now - e.waiting_since > _timeout:
-            return e
-    return None
-
-
 def _watch() -> None:
     while True:
         limit = _timeout
         time.sleep(min(1.0, limit / 4) if limit else 1.0)
-        entry = _stuck()
-        if entry is None:
+        limit = _timeout
+        stuck = collectives.flight_stuck(limit) if limit else None
+        if stuck is None:
             continue
         rank = MPI.COMM_WORLD.Get_rank()
-        _say(f"fastreduce: rank {rank}: {entry.call} #{entry.number} on {entry.comm} has not "
-             f"completed in {_timeout:g} s (FASTREDUCE_TIMEOUT); aborting the job\n"
-             f"{format_record(entry)}")
+        entry = next((e for e in flight_record() if e["number"] == stuck), None)
+        what = f"{entry['call']} #{stuck} on {entry['comm']}" if entry else f"call #{stuck}"
+        _say(f"fastreduce: rank {rank}: {what} has not completed in {limit:g} s "
+             f"(FASTREDUCE_TIMEOUT); aborting the job\n{format_record(stuck)}")
         # The other ranks stuck in the same call time out within their polling period: give
         # them the time to print their record before this rank's MPI_Abort ends them.
         time.sleep(PRINT_GRACE)
@@ -211,10 +164,9 @@ def _exit_unaborted(rank: int) -> None:
 
 
 def _from_environment() -> None:
-    global _record
+    """FASTREDUCE_FLIGHT_RECORD and FASTREDUCE_TIMEOUT (unset: DEFAULT_TIMEOUT; 0: none)."""
+    global _size
     size = settings.value("FASTREDUCE_FLIGHT_RECORD")
     if size is not None:
-        _record = collections.deque(maxlen=size)
-    seconds = settings.value("FASTREDUCE_TIMEOUT")  # None: unset, blank or 0
-    if seconds is not None:
-        set_timeout(seconds)
+        _size = size
+    set_timeout(settings.value("FASTREDUCE_TIMEOUT"))

@@ -107,6 +107,14 @@ def test_not_dlpack(checks):
                   lambda: fastreduce.allreduce(2.0))
 
 
+def test_coalesced_needs_a_list(checks):
+    """allreduce_coalesced_ given one tensor (not a list of them) refuses, saying to pass a
+    list; before, it reduced the tensor's rows one by one as separate tensors."""
+    for x in (torch.ones(3, 2), np.ones((3, 2))):
+        checks.expect(TypeError, ["takes a list of tensors", "pass [tensor]", "allreduce_"],
+                      lambda x=x: fastreduce.allreduce_coalesced_(x), x)
+
+
 def test_cuda_memory_without_a_runtime(checks, monkeypatch):
     """CUDA memory with no CUDA runtime to be had (the CUDA staging tests cover the
     rest)."""

@@ -1,7 +1,7 @@
-"""While a timeout is set, the flight record holds every collective fastreduce issued, in
-order, with its count, dtype and state: the core's forms, coalesced calls, and the
-torch.distributed backend's collectives and point-to-point calls. The timeout is set and
-cleared here with fastreduce.set_timeout (the session starts with none)."""
+"""While a timeout is set (by default: 600 s), the flight record holds every collective
+fastreduce issued, in order, with its count, dtype and state: the core's forms, coalesced
+calls, and the torch.distributed backend's collectives and point-to-point calls. The
+timeout is set and cleared here with fastreduce.set_timeout, and restored after."""
 
 from __future__ import annotations
 
@@ -14,13 +14,32 @@ import fastreduce
 pytestmark = [pytest.mark.mpi(ranks=(1, 3)), pytest.mark.across_nodes]
 
 
-def test_nothing_recorded_without_a_timeout(checks):
-    """With no timeout set, calls are not recorded."""
-    checks.check(fastreduce.watchdog.timeout() is None,
-                 "a timeout is set before the test sets one")
+def test_on_by_default(checks):
+    """Unless FASTREDUCE_TIMEOUT says otherwise, the watchdog bounds every wait by 600 s
+    (torch.distributed's bound) and every call is recorded."""
+    if fastreduce.settings.is_set("FASTREDUCE_TIMEOUT"):
+        pytest.skip("FASTREDUCE_TIMEOUT is set in this job's environment")
+    checks.check(fastreduce.watchdog.timeout() == 600.0,
+                 f"the default timeout is {fastreduce.watchdog.timeout()}")
     before = fastreduce.flight_record()
-    fastreduce.allreduce_(torch.ones(3))  # not recorded: no timeout
-    checks.check(fastreduce.flight_record() == before, "calls recorded without a timeout")
+    fastreduce.allreduce_(torch.ones(3))
+    after = fastreduce.flight_record()
+    checks.check(bool(after) and after[-1]["call"] == "allreduce_"
+                 and after[-1]["state"] == "done" and after != before,
+                 f"the call was not recorded: {after[-1:]}")
+
+
+def test_nothing_recorded_without_a_timeout(checks):
+    """With the timeout off (set_timeout(None), FASTREDUCE_TIMEOUT=0), calls are not
+    recorded."""
+    old = fastreduce.watchdog.timeout()
+    fastreduce.set_timeout(None)
+    try:
+        before = fastreduce.flight_record()
+        fastreduce.allreduce_(torch.ones(3))  # not recorded: no timeout
+        checks.check(fastreduce.flight_record() == before, "calls recorded without a timeout")
+    finally:
+        fastreduce.set_timeout(old)
 
 
 def test_record_in_order(checks, comm):
@@ -32,6 +51,7 @@ def test_record_in_order(checks, comm):
 
     p, rank = comm.size, comm.rank
     earlier = {e["number"] for e in fastreduce.flight_record()}  # other cases' entries
+    old = fastreduce.watchdog.timeout()
     fastreduce.set_timeout(600)
     try:
         fastreduce.allreduce_(torch.ones(3))
@@ -51,7 +71,7 @@ def test_record_in_order(checks, comm):
         dist.destroy_process_group()
         record = [e for e in fastreduce.flight_record() if e["number"] not in earlier]
     finally:
-        fastreduce.set_timeout(None)
+        fastreduce.set_timeout(old)
 
     checks.check(started["call"] == "iallreduce_" and started["state"] == "started",
                  f"a request not yet waited for: {started}")

@@ -141,6 +141,34 @@ def test_bad_input(checks):
            lambda: fastreduce.GradientSync(MLP(torch.float32), schedule="fast"))
 
 
+@pytest.mark.parametrize("differs", ["width", "depth", "dtype", "frozen"])
+def test_models_that_differ_between_ranks(checks, differs):
+    """A different model on the last rank: GradientSync raises ValueError on every rank at
+    construction, naming what differs (before, the first step failed in MPI on one rank and
+    hung on the others); the ranks' parameters are untouched."""
+    if p == 1:
+        pytest.skip("needs ranks whose models differ")
+    odd = rank == p - 1
+    if differs == "width":
+        model = torch.nn.Linear(6, 5 if odd else 4)
+    elif differs == "depth":
+        model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3 if odd else 2)])
+    else:
+        model = torch.nn.Linear(4, 4, dtype=torch.float64 if odd and differs == "dtype"
+                                else torch.float32)
+        if differs == "frozen" and odd:
+            model.bias.requires_grad_(False)
+    words = {"width": ["parameter 0", "(5, 6)", "(4, 6)"], "depth": ["parameters", "6", "4"],
+             "dtype": ["parameter 0", "float64", "float32"], "frozen": ["trained", "frozen"]}
+    before = [t.detach().clone() for t in model.parameters()]
+    checks.expect(ValueError, ["ranks' modules differ", *words[differs],
+                               f"rank {p - 1} has"],
+                  lambda: fastreduce.GradientSync(model))
+    checks.check(all(torch.equal(a, b) for a, b in zip(before, model.parameters(),
+                                                        strict=True)),
+                 "a refused GradientSync changed the parameters")
+
+
 class Reversed(torch.nn.Module):
     """Layers registered in the reverse of the order forward uses them, so backward makes
     their gradients in registration order: the opposite of what the plan assumes."""

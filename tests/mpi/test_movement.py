@@ -885,14 +885,18 @@ def test_bad_ranks(refusals, comm):
 
 
 def test_bad_tags(refusals):
-    """A negative tag, or one that is not an int: send's, and recv's with or without a
-    source."""
+    """A negative tag, one that is not an int, or one past MPI_TAG_UB: send's, and recv's
+    with or without a source."""
     x = np.arange(3.0)
     for bad in (-1, "1", 1.5):
         for call in (lambda b: fastreduce.send(x, 0, b), lambda b: fastreduce.recv(x, 0, b),
                      lambda b: fastreduce.recv(x, None, b)):
             refusals.expect(ValueError, ["tag must be a non-negative int"],
                             lambda c=call, b=bad: c(b), x)
+    past = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) + 1  # Open MPI: an OverflowError; MPICH: MPI's
+    for call in (lambda: fastreduce.send(x, 0, past), lambda: fastreduce.recv(x, 0, past),
+                 lambda: fastreduce.isend(x, 0, past), lambda: fastreduce.irecv(x, 0, past)):
+        refusals.expect(ValueError, ["past the largest this MPI takes", "MPI_TAG_UB"], call, x)
 
 
 def test_read_only_receive_buffer(refusals):

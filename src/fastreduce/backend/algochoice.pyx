@@ -55,6 +55,15 @@ cdef extern from *:
 
 include "agreement.pxi"
 
+_plan_made = None  # the collectives' hook: plan_made(comm) once a communicator has a plan
+
+
+def set_plan_hook(hook) -> None:
+    """Call hook(comm) (a view of the communicator) after a plan is agreed for it: the
+    collectives watch its lifetime from its first collective on."""
+    global _plan_made
+    _plan_made = hook
+
 
 cdef int _free_record(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
     fr_epoch_bump()  # every thread's cached look-up is stale
@@ -131,6 +140,8 @@ cdef const Plan* _look_up(MPI_Comm handle) except NULL:
                 agreed[name].Free()
         raise
     _keep(handle, plan)  # frees an older plan
+    if _plan_made is not None:
+        _plan_made(comm)
     return plan
 
 

@@ -1,6 +1,9 @@
 # An all-reduce preceded by the ranks' agreement on it, in one call: fastreduce.horovod's
 # fast path (included by collectives.pyx).
 
+# the name fastreduce.horovod's rounds have in the flight record (negotiation.py's too)
+_HOROVOD_ROUND = "fastreduce.horovod: a round of the matching by name (MPI_Iallgather)"
+
 def agreed_allreduce(x, op, comm, int64_t status, int64_t digest, int64_t[::1] everyone,
                      bint in_place):
     """Send (status, digest) to every rank of comm and gather theirs into `everyone`
@@ -27,11 +30,18 @@ def agreed_allreduce(x, op, comm, int64_t status, int64_t digest, int64_t[::1] e
     mine[0] = status
     mine[1] = digest
     # non-blocking, as every round's exchange is (poll() makes one that does not wait, and
-    # MPI matches no blocking collective with a non-blocking one)
-    with nogil:
-        CHKERR(MPI_Iallgather(mine, 2, MPI_INT64_T, &everyone[0], 2, MPI_INT64_T, handle,
-                              &exchange))
-        CHKERR(MPI_Waitall(1, &exchange, MPI_STATUSES_IGNORE))
+    # MPI matches no blocking collective with a non-blocking one); in the flight record as
+    # the layer's own rounds are
+    entry = _flight_begin(comm, _HOROVOD_ROUND, 2 * size, KIND_INT64, True)
+    try:
+        with nogil:
+            CHKERR(MPI_Iallgather(mine, 2, MPI_INT64_T, &everyone[0], 2, MPI_INT64_T, handle,
+                                  &exchange))
+            CHKERR(MPI_Waitall(1, &exchange, MPI_STATUSES_IGNORE))
+    except BaseException:
+        _flight_end(entry, False)
+        raise
+    _flight_end(entry, True)
     for i in range(size):
         if everyone[2 * i] != status or everyone[2 * i + 1] != digest:
             return None

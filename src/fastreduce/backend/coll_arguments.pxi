@@ -8,6 +8,7 @@ cdef object _default_comm = None
 def default_comm():
     """The communicator used when comm=None: a duplicate of COMM_WORLD, made once (collective)."""
     global _default_comm, _default_handle
+    _refuse_if_finalized()
     if _default_comm is None:
         comm = None
         with _setup_recorded("MPI_Comm_dup: the default communicator", _MPI.COMM_WORLD):
@@ -20,6 +21,8 @@ def default_comm():
 
 
 cdef int _resolve_comm(object comm, MPI_Comm* out) except -1:
+    if _finalized:
+        _refuse_if_finalized()
     if comm is None:
         if _default_handle == MPI_COMM_NULL:
             default_comm()
@@ -38,7 +41,20 @@ cdef int _resolve_comm(object comm, MPI_Comm* out) except -1:
         if inter:
             raise ValueError("fastreduce: comm is an intercommunicator; all-reduce here needs "
                              "an intracommunicator (merge it with comm.Merge())")
+    if _freed and _is_freed(handle):
+        raise ValueError("fastreduce: comm was freed (through another mpi4py object of the "
+                         "same communicator: MPI.Comm(c) shares c's handle); pass a live "
+                         "communicator")
     out[0] = handle
+    return 0
+
+
+cdef inline int _agreed(MPI_Comm handle) except -1:
+    """Before a collective: the settings that choose each rank's MPI calls, agreed by the
+    communicator's ranks at its first collective (then a cached look-up); where they differ
+    every rank raises SettingError. Not for send and recv, which the other ranks do not
+    join."""
+    plan_for(handle)
     return 0
 
 

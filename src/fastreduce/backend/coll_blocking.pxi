@@ -26,6 +26,7 @@ def allreduce_(x, op="sum", *, comm=None, compression=None):
     _owner = _prepare(x, op, comm, True, &view, &handle, &red, compression)
     if _debug:
         _debug_check(comm, "allreduce_", &view, op)
+    _agreed(handle)
     _blocking(&view, &view, MPI_IN_PLACE, red, handle, comm, "allreduce_")
     if view.lazy:
         _write_back(_owner)
@@ -47,6 +48,7 @@ def allreduce(x, op="sum", *, comm=None, out=None, compression=None):
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if _debug:
         _debug_check(comm, "allreduce", &view, op)
+    _agreed(handle)
     _blocking(&view, &result, sendbuf, red, handle, comm, "allreduce")
     if result.lazy:
         _write_back(out_owner)

@@ -32,6 +32,10 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
 
     All tensors must be on one device; zero-element tensors are allowed. Returns the list.
     """
+    if hasattr(tensors, "__dlpack__"):  # iterating a tensor would reduce its rows
+        raise TypeError(f"fastreduce: allreduce_coalesced_ takes a list of tensors, not one "
+                        f"{type(tensors).__qualname__}; pass [tensor], or use allreduce_ for "
+                        f"one tensor")
     tensors = list(tensors)
     cdef MPI_Comm handle = MPI_COMM_NULL
     cdef int code = op_code(op)
@@ -79,11 +83,12 @@ def allreduce_coalesced_(tensors, op="sum", *, comm=None):
                                       if reds[k] != NULL},
                               op=_op_label(op),
                               device=device_name(views[0].device_type, 0).split(":")[0])
+        _agreed(handle)
         if _recording:
-            entry = _begin_hook("allreduce_coalesced_", comm,
-                                sum([counts[k] for k in range(NKINDS)]),
-                                "+".join([_KIND_NAMES[k] for k in range(NKINDS)
-                                          if reds[k] != NULL]), True)
+            entry = _flight_start(comm, "allreduce_coalesced_",
+                                  sum([counts[k] for k in range(NKINDS)]), -1,
+                                  "+".join([_KIND_NAMES[k] for k in range(NKINDS)
+                                            if reds[k] != NULL]), True)
         if views[0].on_device:
             for i in range(n):
                 if i == 0 or views[i].stream != views[0].stream:

@@ -26,25 +26,100 @@ cdef int _debug_check(object comm, str call, BufferView* view, object op) except
     return 0
 
 
-# --- flight record (FASTREDUCE_TIMEOUT, fastreduce.watchdog): only while a timeout is set
+# --- flight record (FASTREDUCE_TIMEOUT, fastreduce.watchdog): kept here, in C, while a
+# timeout is set (the default): the last calls in a ring, each a few stores and a clock
+# read. The call's name and communicator sit in two lists beside it (names and
+# communicators are Python objects); the watchdog's thread reads the ring with the GIL,
+# which every writer holds too.
+cdef enum:
+    FLIGHT_IN_MPI = 0
+    FLIGHT_STARTED = 1
+    FLIGHT_WAITING = 2
+    FLIGHT_DONE = 3
+    FLIGHT_FAILED = 4
+
+ctypedef struct FlightEntry:
+    int64_t number     # 1, 2, ... (0: an empty slot)
+    int64_t count
+    double started     # seconds since the epoch
+    double waiting_since  # since when it can be stuck (0: it cannot: done, or not waited for)
+    int kind           # the element kind, or -1: the text in _flight_dtypes
+    int state          # FLIGHT_*
+
+_FLIGHT_STATES = ("in MPI", "started", "waiting", "done", "failed")
 cdef bint _recording = False
-cdef object _begin_hook = None      # begin(call, comm, count, dtype, blocking) -> entry
+cdef FlightEntry* _flight = NULL
+cdef int64_t _flight_size = 0
+cdef int64_t _flight_next = 1
+cdef list _flight_calls = []
+cdef list _flight_comms = []
+cdef list _flight_dtypes = []
 cdef object _recorded_hook = None   # recorded(call, comm): a context around a set-up collective
-cdef object _waiting_hook = None    # waiting(entry): a request's wait() has begun
 
 
-def set_flight_hooks(begin, recorded, waiting) -> None:
-    """The flight record's hooks (fastreduce.watchdog's begin, recorded and waiting), which
-    turn recording on; all None: off."""
-    global _recording, _begin_hook, _recorded_hook, _waiting_hook
-    if (begin is None) != (recorded is None) or (begin is None) != (waiting is None):
-        raise ValueError("fastreduce: give all three flight-record hooks, or None for each")
-    _begin_hook, _recorded_hook, _waiting_hook = begin, recorded, waiting
-    _recording = begin is not None
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+def set_flight_record(int64_t size, recorded) -> None:
+    """Keep the last `size` calls (0: record nothing); `recorded(call, comm)`: the Python
+    core's context around a set-up collective (fastreduce.watchdog.recorded)."""
+    global _recording, _flight, _flight_size, _flight_calls, _flight_comms, _flight_dtypes
+    global _recorded_hook
+    if size < 0:
+        raise ValueError(f"fastreduce: flight record of {size} calls: give 0 or more")
+    if size != _flight_size:
+        free(_flight)
+        _flight = NULL
+        _flight_size = 0
+        if size:
+            _flight = <FlightEntry*>calloc(size, sizeof(FlightEntry))
+            if _flight == NULL:
+                raise MemoryError(f"fastreduce: no memory for a flight record of {size} calls")
+        _flight_size = size
+        _flight_calls = [None] * size
+        _flight_comms = [None] * size
+        _flight_dtypes = [None] * size
+    _recorded_hook = recorded
+    _recording = size > 0 and recorded is not None
+
+
+cdef int64_t _flight_start(object comm, str call, int64_t count, int kind, str dtype,
+                           bint blocking) except -1:
+    global _flight_next
+    cdef int64_t number = _flight_next
+    cdef int64_t slot = number % _flight_size
+    cdef FlightEntry* e = &_flight[slot]
+    _flight_next += 1
+    e.number = number
+    e.count = count
+    e.kind = kind
+    e.started = _now()
+    e.waiting_since = e.started if blocking else 0.0
+    e.state = FLIGHT_IN_MPI if blocking else FLIGHT_STARTED
+    _flight_calls[slot] = call
+    _flight_comms[slot] = comm
+    if kind < 0:
+        _flight_dtypes[slot] = dtype
+    return number
 
 
 cdef object _flight_begin(object comm, str call, int64_t count, int kind, bint blocking):
-    return _begin_hook(call, comm, count, _KIND_NAMES[kind], blocking)
+    """Record a call as it starts (blocking: in MPI now); its number (None: not recording)."""
+    if not _recording:
+        return None
+    return _flight_start(comm, call, count, kind, None, blocking)
+
+
+cdef inline FlightEntry* _flight_entry(object entry) noexcept:
+    """The slot still holding entry's call, else NULL (overwritten, or not recorded)."""
+    if entry is None or _flight_size == 0:
+        return NULL
+    cdef int64_t number = entry
+    cdef FlightEntry* e = &_flight[number % _flight_size]
+    return e if e.number == number else NULL
 
 
 cdef object _setup_recorded(str call, object comm):
@@ -55,13 +130,63 @@ cdef object _setup_recorded(str call, object comm):
 
 
 cdef int _flight_waiting(object entry) except -1:
-    """A recorded request's wait() has begun (recording may have been turned off since)."""
-    if _waiting_hook is not None:
-        _waiting_hook(entry)
+    """A recorded request's wait() has begun: from now on it can be stuck."""
+    cdef FlightEntry* e = _flight_entry(entry)
+    if e != NULL and e.state == FLIGHT_STARTED:
+        e.waiting_since = _now()
+        e.state = FLIGHT_WAITING
     return 0
 
 
 cdef void _flight_end(object entry, bint ok) noexcept:
-    if entry is not None:
-        entry.state = "done" if ok else "failed"
-        entry.waiting_since = None
+    cdef FlightEntry* e = _flight_entry(entry)
+    if e != NULL:
+        e.state = FLIGHT_DONE if ok else FLIGHT_FAILED
+        e.waiting_since = 0.0
+
+
+def flight_begin(str call, comm, int64_t count, str dtype, bint blocking=True):
+    """Record a call made outside the core (a set-up collective); its number, or None."""
+    if not _recording:
+        return None
+    return _flight_start(comm, call, count, -1, dtype, blocking)
+
+
+def flight_end(entry, bint ok=True) -> None:
+    """The recorded call `entry` (flight_begin's number) is done (ok) or failed."""
+    _flight_end(entry, ok)
+
+
+def flight_waiting(entry) -> None:
+    """The recorded call `entry` is being waited for: from now on it can be stuck."""
+    _flight_waiting(entry)
+
+
+def flight_entries() -> list:
+    """The record, oldest first: (number, call, comm, count, dtype, started, waiting_since
+    or None, state) per call; comm the object the call was given (None: the default)."""
+    cdef int64_t first = max(1, _flight_next - _flight_size), number
+    cdef FlightEntry* e
+    entries = []
+    for number in range(first, _flight_next):
+        e = &_flight[number % _flight_size]
+        if e.number != number:
+            continue
+        slot = number % _flight_size
+        entries.append((number, _flight_calls[slot], _flight_comms[slot], e.count,
+                        _flight_dtypes[slot] if e.kind < 0 else _KIND_NAMES[e.kind],
+                        e.started, e.waiting_since if e.waiting_since else None,
+                        _FLIGHT_STATES[e.state]))
+    return entries
+
+
+def flight_stuck(double timeout):
+    """The number of the oldest call waited for longer than `timeout` seconds, or None."""
+    cdef double now = _now()
+    cdef int64_t first = max(1, _flight_next - _flight_size), number
+    cdef FlightEntry* e
+    for number in range(first, _flight_next):
+        e = &_flight[number % _flight_size]
+        if e.number == number and e.waiting_since and now - e.waiting_since > timeout:
+            return number
+    return None

@@ -505,6 +505,7 @@ cdef object _broadcast(object x, root, comm, bint start):
     m.recv_bytes = nbytes
     if _debug:
         _debug_move(comm, "ibroadcast_" if start else "broadcast_", &view, None, root, None)
+    _agreed(handle)
     return _finish_move(&m, &view, NULL, view.data, comm, "broadcast_", view.count, view.kind,
                         NULL, start, x, _owner if view.lazy and rank != root else None,
                         (x, _owner))
@@ -545,6 +546,7 @@ cdef object _reduce(object x, op, root, comm, bint start):
     m.divide_count = view.count
     if _debug:
         _debug_move(comm, "ireduce_" if start else "reduce_", &view, op, root, None)
+    _agreed(handle)
     return _finish_move(&m, &view, view.data, view.data if rank == root else NULL, comm,
                         "reduce_", view.count, view.kind, red, start, x,
                         _owner if view.lazy and rank == root else None, (x, _owner))
@@ -609,6 +611,7 @@ cdef object _allgather(object x, comm, out, counts, bint start):
         if _debug:
             _debug_move(comm, "iallgather" if start else "allgather", &view, None, None,
                         counts)
+        _agreed(handle)
         return _finish_move(&m, &view, view.data, result.data, comm, "allgather", total,
                             view.kind, NULL, start, out, out_owner if result.lazy else None,
                             (x, _owner, out, out_owner))
@@ -676,6 +679,7 @@ cdef object _reduce_scatter(object x, op, comm, out, counts, bint start):
         if _debug:
             _debug_move(comm, "ireduce_scatter" if start else "reduce_scatter", &view, op,
                         None, counts)
+        _agreed(handle)
         return _finish_move(&m, &view, view.data, result.data, comm, "reduce_scatter",
                             view.count, view.kind, red, start, out,
                             out_owner if result.lazy else None, (x, _owner, out, out_owner))
@@ -731,6 +735,7 @@ cdef object _alltoall(object x, comm, out, send_counts, recv_counts, bint start)
         _debug_move(comm, "ialltoall" if start else "alltoall", &view, None, None, None,
                     None if send_counts is None
                     else ([int(c) for c in send_counts], [int(c) for c in recv_counts]))
+    _agreed(handle)
     try:
         if send_counts is None:  # one part is what one count must hold
             _set_unit(&m, item, m.send_bytes // size, "alltoall")
@@ -800,6 +805,7 @@ cdef object _gather(object x, root, comm, out, bint start):
     m.count = m.send_bytes // m.unit_bytes
     if _debug:
         _debug_move(comm, "igather" if start else "gather", &view, None, root, None)
+    _agreed(handle)
     return _finish_move(&m, &view, view.data, result.data, comm, "gather", view.count,
                         view.kind, NULL, start, out if rank == root else None,
                         out_owner if rank == root and result.lazy else None,
@@ -859,6 +865,7 @@ cdef object _scatter(object x, root, comm, out, bint start):
     m.count = m.recv_bytes // m.unit_bytes
     if _debug:
         _debug_move(comm, "iscatter" if start else "scatter", &result, None, root, None)
+    _agreed(handle)
     return _finish_move(&m, &result, view.data if rank == root else NULL, result.data, comm,
                         "scatter", result.count, result.kind, NULL, start, out,
                         out_owner if result.lazy else None, (x, x_owner, out, out_owner))
@@ -871,6 +878,7 @@ def send(x, dest, tag=0, *, comm=None):
     cdef int rank = 0, size = 1
     cdef Move m
     _resolve_comm(comm, &handle)
+    _watch_comm(handle)  # (collectives watch it from their plan)
     _rank_size(handle, &rank, &size)
     _check_rank(dest, size, "dest", "send")
     _check_tag(tag, "send")
@@ -892,6 +900,7 @@ def recv(x, source=None, tag=None, *, comm=None) -> tuple:
     cdef int rank = 0, size = 1
     cdef Move m
     _resolve_comm(comm, &handle)
+    _watch_comm(handle)  # (collectives watch it from their plan)
     _rank_size(handle, &rank, &size)
     if source is not None:
         _check_rank(source, size, "source", "recv")
@@ -914,9 +923,18 @@ def recv(x, source=None, tag=None, *, comm=None) -> tuple:
     return m.status.MPI_SOURCE, m.status.MPI_TAG
 
 
+_tag_ub = None  # MPI_TAG_UB: the largest tag this MPI takes (at least 32767)
+
+
 cdef int _check_tag(object tag, str call) except -1:
+    global _tag_ub
     if not isinstance(tag, int) or isinstance(tag, bool) or tag < 0:
         raise ValueError(f"fastreduce: {call}: tag must be a non-negative int, not {tag!r}")
+    if _tag_ub is None:
+        _tag_ub = _MPI.COMM_WORLD.Get_attr(_MPI.TAG_UB)
+    if tag > _tag_ub:
+        raise ValueError(f"fastreduce: {call}: tag {tag} is past the largest this MPI takes "
+                         f"(MPI_TAG_UB = {_tag_ub}); give a tag from 0 to {_tag_ub}")
     return 0
 
 
@@ -942,6 +960,7 @@ cdef Request _p2p_start(object x, object peer, object tag, object comm, bint rec
     cdef int rank = 0, size = 1
     cdef Move m
     _resolve_comm(comm, &handle)
+    _watch_comm(handle)  # (collectives watch it from their plan)
     _rank_size(handle, &rank, &size)
     _check_rank(peer, size, "source" if receiving else "dest", call)
     _check_tag(tag, call)

@@ -43,6 +43,7 @@ cdef class Request:
     cdef bint receiving       # a point-to-point receive: `source` tells whose message it was
     cdef bint p2p             # isend or irecv: its completion waits on one peer alone
     cdef MPI_Status status    # a one-handle request's status (a receive's source)
+    cdef object late_error    # raised by wait(): completed when its communicator was freed
     cdef object __weakref__
 
     def __cinit__(self):
@@ -125,6 +126,7 @@ cdef class Request:
             self.staging = NULL
 
     cdef int _check_comm(self) except -1:
+        _refuse_if_finalized()
         if self.comm is not None and (<MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
             raise ValueError(
                 "fastreduce: the request's communicator was freed before the request "
@@ -234,6 +236,8 @@ cdef class Request:
             with nogil:
                 ierr = MPI_Waitall(self.nhandles, self.handles, statuses)
             self._finish(ierr)
+        if self.late_error is not None:
+            raise self.late_error
         return self.result
 
     def test(self) -> bool:
@@ -364,6 +368,7 @@ def iallreduce_(x, op="sum", *, comm=None, compression=None):
     owner = _prepare(x, op, comm, True, &view, &handle, &red, compression)
     if _debug:
         _debug_check(comm, "iallreduce_", &view, op)
+    _agreed(handle)
     storage = _storage(x, &view)
     keep = (x, owner, storage)
     cdef Request req = _iallreduce_inplace(x, comm, keep, &view, handle, red)
@@ -421,6 +426,7 @@ def iallreduce(x, op="sum", *, comm=None, out=None, compression=None):
     cdef const void* sendbuf = _send_buffer(&view, &result, red)
     if _debug:
         _debug_check(comm, "iallreduce", &view, op)
+    _agreed(handle)
     storage = _storage(out, &result) if given else None
     keep = (x, owner, out, out_owner, _storage(x, &view), storage)
     cdef Request req = _iallreduce_new(comm, out, keep, &view, &result, sendbuf, handle, red)

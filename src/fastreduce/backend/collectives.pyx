@@ -13,9 +13,11 @@ cimport cython
 from mpi4py cimport MPI
 
 from libc.stdint cimport int32_t, int64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
+from .algochoice cimport plan_for
 from .buffer cimport BufferView, Resolved, acquire, check_same_layout, device_name, new_like
 from .cudart cimport (
     MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, check_not_capturing, chunk_bytes,
@@ -23,7 +25,7 @@ from .cudart cimport (
     staging_take, stream_sync,
 )
 from .dlpack cimport kDLCPU, kDLCUDA, kDLCUDAManaged
-from .dtypes cimport KIND_UINT8, NKINDS
+from .dtypes cimport KIND_INT64, KIND_UINT8, NKINDS
 from .engine cimport Job, enabled, host_enabled, on_engine_thread, submit, wait_for
 from .mpierrors cimport CHKERR
 from .pathchoice cimport PATH_DIRECT, choose_movement_path, choose_path
@@ -47,12 +49,16 @@ from mpi4py import MPI as _MPI
 from .commattr import create_keyval as _create_keyval
 from .commattr import get_attr as _get_attr
 from .commattr import set_attr as _set_attr
+from .algochoice import set_plan_hook as _set_plan_hook
 from .engine import state as _engine_state
 from .reductions import KIND_NAMES as _KIND_NAMES
 
 cdef extern from "algorithms.h" nogil:
     enum:
         FR_WIRE_NONE
+
+cdef extern from "Python.h":
+    int Py_IsInitialized() nogil
 
 cdef extern from "halfops.h" nogil:
     void fr_divide(void* data, int64_t count, int kind, int divisor)
@@ -66,6 +72,10 @@ include "coll_engine_jobs.pxi"
 include "coll_coalesced.pxi"
 include "coll_agreed.pxi"
 include "coll_movement.pxi"
+include "coll_lifetime.pxi"
+
+_watch_finalize()
+_set_plan_hook(_plan_made)
 
 
 # --- for tests and the torch.distributed backend ------------------------------------

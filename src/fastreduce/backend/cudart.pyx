@@ -17,6 +17,8 @@ from libc.stdlib cimport calloc, free
 
 from .dlpack cimport kDLCUDA
 
+from .algochoice import forget as _forget_plans
+
 cdef extern from "<dlfcn.h>" nogil:
     void* dlopen(const char* filename, int flags)
     void* dlsym(void* handle, const char* symbol)
@@ -434,7 +436,13 @@ def set_staging_chunk(int64_t nbytes) -> int:
         raise ValueError(f"fastreduce: staging chunk of {nbytes} bytes: give 0 (automatic) "
                          f"or a positive multiple of 16")
     old, _fixed_chunk = _fixed_chunk, nbytes
+    _forget_plans()  # the ranks agree on it again: chunks are MPI calls
     return old
+
+
+def staging_chunk() -> int:
+    """The staged path's fixed chunk size in bytes (0: automatic, by size)."""
+    return _fixed_chunk
 
 
 def copy_counts() -> dict:

@@ -25,6 +25,8 @@ import threading
 
 from mpi4py import MPI
 
+from .algochoice import forget as _forget_plans
+
 
 cdef class Job:
     """A unit of work for the engine; subclasses implement execute() (and cleanup())."""
@@ -136,6 +138,7 @@ def set_enabled(value) -> None:
         raise ValueError(f"fastreduce: the progress engine cannot run here: {state()[1]}")
     else:
         _state = (bool(value), "on (set_enabled)" if value else "off (set_enabled)")
+    _forget_plans()  # the ranks agree on it again: it decides their MPI calls
 
 
 cdef bint enabled() except -1:
@@ -158,6 +161,7 @@ def set_host(value) -> None:
         if int(value) < 0:
             raise ValueError(f"fastreduce: engine host threshold {value}: give bytes >= 0")
         _host_bytes = int(value)
+    _forget_plans()  # the ranks agree on it again: it decides their MPI calls
 
 
 def host_bytes() -> int:

@@ -21,6 +21,7 @@ cdef extern from "mpicompat.h" nogil:
         int MPI_TAG
         int MPI_ERROR
 
+    ctypedef int MPI_Fint
     ctypedef void MPI_User_function(void*, void*, int*, MPI_Datatype*) noexcept
     ctypedef int MPI_Comm_copy_attr_function(MPI_Comm, int, void*, void*, void*, int*) noexcept
     ctypedef int MPI_Comm_delete_attr_function(MPI_Comm, int, void*, void*) noexcept
@@ -37,6 +38,7 @@ cdef extern from "mpicompat.h" nogil:
 
     void* MPI_IN_PLACE
     MPI_Comm MPI_COMM_NULL
+    MPI_Comm MPI_COMM_SELF
     MPI_Errhandler MPI_ERRORS_RETURN
     MPI_Request MPI_REQUEST_NULL
     MPI_Message MPI_MESSAGE_NULL
@@ -78,6 +80,8 @@ cdef extern from "mpicompat.h" nogil:
     int MPI_Comm_rank(MPI_Comm, int*)
     int MPI_Comm_test_inter(MPI_Comm, int*)
     int MPI_Comm_free(MPI_Comm*)
+    MPI_Fint MPI_Comm_c2f(MPI_Comm)
+    MPI_Comm MPI_Comm_f2c(MPI_Fint)
     int MPI_Comm_set_errhandler(MPI_Comm, MPI_Errhandler)
     int MPI_Comm_create_keyval(MPI_Comm_copy_attr_function*, MPI_Comm_delete_attr_function*,
                                int*, void*)

@@ -17,6 +17,8 @@ from .mpierrors cimport CHKERR
 from .libmpi cimport *
 from .reductions cimport Reduction
 
+from .algochoice import forget as _forget_plans
+
 cdef extern from "algorithms.h" nogil:
     enum:
         FR_ALGO_MPI
@@ -169,12 +171,13 @@ def set_segment_bytes(nbytes) -> object:
     old = _segment_bytes if _segment_pinned else None
     if nbytes is None:
         _segment_bytes, _segment_pinned = DEFAULT_SEGMENT_BYTES, False
-        return old
-    if nbytes < 0:
+    elif not 0 <= nbytes < 1 << 62:
         raise ValueError(f"fastreduce: segment size {nbytes}: give 0 (one MPI call per "
                          f"all-reduce), a positive number of bytes, or None (each "
                          f"communicator's plan)")
-    _segment_bytes, _segment_pinned = nbytes, True
+    else:
+        _segment_bytes, _segment_pinned = nbytes, True
+    _forget_plans()  # the ranks agree on it again (segments are MPI calls)
     return old
 
 

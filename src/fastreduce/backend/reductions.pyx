@@ -12,6 +12,8 @@ from .libmpi cimport *
 
 from libc.stdint cimport uint16_t
 
+from .algochoice import forget as _forget_plans
+
 cdef extern from "algorithms.h" nogil:
     enum:
         FR_WIRE_NONE
@@ -334,9 +336,20 @@ def set_half_ops(str setting) -> None:
     """Whose ops the 16-bit floats use: "fastreduce" (also "auto") or "mpi" (the MPI's own
     types where asking it shows they reduce correctly). Set once, at set-up
     (FASTREDUCE_HALF_OPS), before any 16-bit all-reduce."""
+    global _half_ops
     if setting not in ("auto", "mpi", "fastreduce"):
         raise ValueError(f"fastreduce: half ops {setting!r}: use auto, mpi or fastreduce")
     _init_half_kinds(setting)
+    _half_ops = "mpi" if setting == "mpi" else "fastreduce"
+    _forget_plans()  # the ranks agree on it again: it decides their datatypes
+
+
+def half_ops() -> str:
+    """Whose ops the 16-bit floats use: "fastreduce" or "mpi" (set_half_ops)."""
+    return _half_ops
+
+
+_half_ops = "fastreduce"
 
 
 # fastreduce's own 16-bit ops until set-up hands down FASTREDUCE_HALF_OPS: they are right

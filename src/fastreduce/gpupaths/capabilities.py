@@ -186,11 +186,17 @@ def device_pointer_support() -> DevicePointerSupport:
     """The calls that may hand device pointers to MPI here: the override, else the table."""
     if _override_calls is not None:
         return _override_calls
-    setting = settings.value("FASTREDUCE_DEVICE_POINTERS")
-    if setting:
-        return _parse_calls(setting, "FASTREDUCE_DEVICE_POINTERS")
+    declared = declared_calls()
+    if declared is not None:
+        return declared
     aware, how = cuda_aware()
     return mpi_promises(_library_version(), aware, how)
+
+
+def declared_calls() -> DevicePointerSupport | None:
+    """FASTREDUCE_DEVICE_POINTERS parsed (None when unset); ValueError if it is bad."""
+    setting = settings.value("FASTREDUCE_DEVICE_POINTERS")
+    return _parse_calls(setting, "FASTREDUCE_DEVICE_POINTERS") if setting else None
 
 
 def _library_version() -> str:

@@ -27,6 +27,7 @@ import weakref
 import torch
 from mpi4py import MPI
 
+from .. import agreement
 from ..backend import engine as _engine
 from ..backend.collectives import allreduce_, broadcast_, default_comm, iallreduce_
 from ..backend.reductions import COMPRESSIONS
@@ -40,6 +41,33 @@ _SECOND_BACKWARD = (
     "reduced (or queued for it); call sync.wait() "
     "(or optimizer.step() after sync.attach(optimizer)) before the next backward, or "
     "accumulate under `with sync.no_sync():`")
+
+
+def model_fields(params: list[torch.Tensor]) -> dict:
+    """What every rank's model must share for its gradients to be reduced together: the
+    parameters, in order, by shape, dtype and whether they train (as DDP checks)."""
+    fields = {"parameters": len(params),
+              "trained": sum(p.requires_grad for p in params),
+              "elements": sum(p.numel() for p in params)}
+    for i, p in enumerate(params):
+        fields[f"parameter {i}"] = (f"{tuple(p.shape)} {str(p.dtype).removeprefix('torch.')}"
+                                    f"{'' if p.requires_grad else ' frozen'}")
+    return fields
+
+
+def _agree_on_the_model(comm: MPI.Intracomm, params: list[torch.Tensor]) -> None:
+    """Collective: the ranks' models are alike (model_fields), else ValueError on every rank
+    naming what differs, before any gradient is reduced."""
+    def differ(found: agreement.Differences) -> ValueError:
+        shown = dict(list(found.fields.items())[:4])  # the counts, then the first parameters
+        text = agreement.Differences(shown, found.groups).text("has")
+        return ValueError(f"fastreduce: GradientSync: the ranks' modules differ ({text}); "
+                          f"wrap the same model on every rank, with its parameters created "
+                          f"in the same order")
+
+    agreement.agree(comm, model_fields(params), None, differ=differ,
+                    refused=lambda ranks, text: ValueError(text),
+                    doing="GradientSync: the ranks' models")
 
 
 class GradientSync:
@@ -78,6 +106,7 @@ class GradientSync:
                              "to synchronise (unfreeze some, or do not wrap this module)")
         self.module = module
         self.comm = default_comm() if comm is None else comm
+        _agree_on_the_model(self.comm, params)
         self.op = op
         self.compression = wire if COMPRESSIONS[wire] else None
         self.bucket_bytes = int(bucket_mb * (1 << 20))
