@@ -2,9 +2,10 @@
 
 Each also derives from the built-in exception that describes it best, so code that
 catches ``ValueError`` or ``RuntimeError`` keeps working. Bad arguments that fit a
-built-in exception exactly (a tensor of the wrong type, a read-only buffer, an MPI
-error code) are raised as that built-in (``TypeError``, ``BufferError``,
-``mpi4py.MPI.Exception``), with a message that starts with ``fastreduce:``.
+built-in exception exactly (a tensor of the wrong type, a read-only buffer) are raised
+as that built-in (``TypeError``, ``BufferError``), with a message that starts with
+``fastreduce:``; an error code MPI returns is raised as ``mpi4py.MPI.Exception``, with
+MPI's own message.
 """
 
 from __future__ import annotations

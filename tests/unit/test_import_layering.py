@@ -146,6 +146,20 @@ def test_only_gpupaths_talks_to_the_path_choice():
     assert not callers, callers
 
 
+def test_the_horovod_matching_needs_no_mpi():
+    """torch/horovod/matching (what a round of the matching by name decides) imports
+    neither MPI nor torch, and of fastreduce only its exceptions: it is tested without a
+    job (test_horovod_matching.py loads it without the package)."""
+    path = PACKAGE / "torch" / "horovod" / "matching.py"
+    tree = ast.parse(path.read_text())
+    found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    found |= {resolve(module_name(path), False, node.level, node.module or "")
+              for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {m for m in found if m.split(".")[0] in ("mpi4py", "torch")}, found
+    assert {m for m in found if m.startswith("fastreduce")} == {"fastreduce.errors"}, found
+
+
 def test_no_import_cycles():
     edges = graph()
     cycles, state, stack = [], {}, []

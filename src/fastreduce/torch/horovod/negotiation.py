@@ -20,7 +20,11 @@ waits and nothing can run, every rank's wait raises rather than hang (and the ra
 numbering of unnamed calls is set alike again). A rank that shuts down (hvd.shutdown(), or
 the end of its program) sends its last status: ranks still in a round on the set learn it
 there and raise, and every later collective on the set raises at once, as Horovod's "has
-been shut down"."""
+been shut down".
+
+What a round decides from the ranks' answers is matching.py's (pure functions, no MPI);
+here are the rounds' exchanges, each process set's state (one _Set per communicator) and
+the decisions applied to it."""
 
 from __future__ import annotations
 
@@ -33,19 +37,16 @@ from mpi4py import MPI
 
 from ... import agreement, watchdog
 from ...errors import HorovodInternalError, HorovodMismatch
-from . import world
+from . import matching, world
+from .matching import Status, decided_alone, join_refusal
 
-# a round's status; LISTED: the rank's pending list differs from "one new request"
-ACTIVE, JOINED, REFUSED, BLOCKING, SHUTDOWN, LISTED = 0, 1, 2, 4, 8, 16
+__all__ = ["Request", "Status", "agree_call", "count_round", "digest", "drain", "follow",
+           "follow_numbering", "forget", "forget_gone", "idle", "in_flight_error",
+           "join_refusal", "key_digest", "leave", "named_digest", "next_number", "progress",
+           "rounds", "settle_poll", "submit", "wait"]
+
 _MASK = (1 << 62) - 1
 _digests: dict = {}
-_buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-_gone: dict[int, list[int]] = {}  # comm handle -> the ranks of it that have shut down
-_sets: dict[int, _Set] = {}  # comm handle -> what this rank has pending there
-_rounds = [0]  # the rounds this rank has taken part in, on any set
-_answers: dict[int, np.ndarray] = {}  # comm handle -> the fast path's exchange buffer
-_world: list = [None]  # the group of init()'s world, until shutdown()
-_polls = [0]  # the sets with a round in flight that does not wait
 # the rounds' MPI calls in the flight record (FASTREDUCE_TIMEOUT): a rank that never comes
 # to a round is seen there
 _ROUND = "fastreduce.horovod: a round of the matching by name (MPI_Iallgather)"
@@ -84,7 +85,8 @@ class Request:
 class _Set:
     """This rank's state on one process set's communicator."""
 
-    __slots__ = ("comm", "order", "queue", "refused", "polling")
+    __slots__ = ("comm", "order", "queue", "refused", "polling", "gone", "send", "answers",
+                 "unnamed")
 
     def __init__(self, comm: MPI.Intracomm):
         self.comm = comm
@@ -99,20 +101,42 @@ class _Set:
         # a round in flight that does not wait (an asynchronous submission's, or poll()'s):
         # (MPI request, send and receive buffers, the one request it offers or None)
         self.polling = None
+        self.gone: list[int] = []  # the ranks of the set that have shut down
+        # a round's exchange: this rank's (status, value) and every rank's, also the array
+        # the compiled fast path fills (idle())
+        self.send = np.empty(2, np.int64)
+        self.answers = np.empty(2 * len(ranks), np.int64)
+        # the next number of each kind of unnamed call ("allreduce.noname.3") on the set
+        self.unnamed: dict[str, int] = {}
+
+
+class _Process:
+    """This rank's state across its process sets."""
+
+    __slots__ = ("sets", "rounds", "polls", "world_group")
+
+    def __init__(self):
+        self.sets: dict[int, _Set] = {}  # comm handle -> the set's state (the one registry)
+        self.rounds = 0  # the rounds this rank has taken part in, on any set
+        self.polls = 0   # the sets with a round in flight that does not wait
+        self.world_group: MPI.Group | None = None  # init()'s world's group, until shutdown()
+
+
+_process = _Process()
 
 
 def _set(comm: MPI.Intracomm) -> _Set:
     handle = comm.py2f()
-    state = _sets.get(handle)
+    state = _process.sets.get(handle)
     if state is None:
-        state = _sets[handle] = _Set(comm)
+        state = _process.sets[handle] = _Set(comm)
     return state
 
 
 def _world_group() -> MPI.Group:
-    if _world[0] is None:
-        _world[0] = world.current.comm.Get_group()
-    return _world[0]
+    if _process.world_group is None:
+        _process.world_group = world.current.comm.Get_group()
+    return _process.world_group
 
 
 def digest(key: tuple, name: str) -> int:
@@ -139,15 +163,11 @@ def named_digest(value: int, name: str) -> int:
     return (value ^ (zlib.crc32(text) | zlib.adler32(text) << 32) * 0x9E3779B1) & _MASK
 
 
-def _buffers_of(size: int) -> tuple[np.ndarray, np.ndarray]:
-    return _buffers.get(size) or _buffers.setdefault(
-        size, (np.empty(2, np.int64), np.empty(2 * size, np.int64)))
-
-
-def _exchange(comm: MPI.Intracomm, status: int, value: int) -> tuple[np.ndarray, bool]:
+def _exchange(comm: MPI.Intracomm, state: _Set, status: int, value: int
+              ) -> tuple[np.ndarray, bool]:
     """Every rank's (status, value); and whether all sent the same."""
     size = comm.Get_size()
-    send, recv = _buffers_of(size)
+    send, recv = state.send, state.answers
     send[0] = status
     send[1] = value
     # non-blocking and waited for: MPI matches no blocking collective with a non-blocking
@@ -163,25 +183,20 @@ def idle(comm: MPI.Intracomm, name: str) -> np.ndarray | None:
     (BLOCKING, digest()), for a compiled call that exchanges them and runs the collective
     where all are the same (then count_round()); else None: the request must be submitted
     (submit() raises what is to be raised before any exchange)."""
-    handle = comm.py2f()
-    state = _sets.get(handle)
-    if state is not None and (state.queue or name in state.refused) or handle in _gone or \
-            _polls[0]:
+    state = _set(comm)
+    if state.queue or name in state.refused or state.gone or _process.polls:
         return None
-    everyone = _answers.get(handle)
-    if everyone is None:
-        everyone = _answers[handle] = _buffers_of(comm.Get_size())[1]
-    return everyone
+    return state.answers
 
 
 def count_round() -> None:
     """A round made by a compiled call (after idle())."""
-    _rounds[0] += 1
+    _process.rounds += 1
 
 
 def rounds() -> int:
     """How many rounds this rank has taken part in (on any process set)."""
-    return _rounds[0]
+    return _process.rounds
 
 
 def in_flight_error(name: str) -> ValueError:
@@ -239,33 +254,18 @@ def _advance(comm: MPI.Intracomm, state: _Set, settle: bool) -> None:
     finishes every such round of every set (_finish_polls)."""
     if state.polling is not None:
         exchange, send, recv, offered = state.polling
-        if not exchange.Test() or not (settle or _decided_alone(recv, send)):
+        if not exchange.Test() or not (settle or decided_alone(recv, send)):
             return
         _finish_poll(comm, state)
-    if not state.queue or comm.py2f() in _gone:
+    if not state.queue or state.gone:
         return
     # offer the oldest request pending: where every rank offers the same (ranks that submit
     # in one order), it runs without the lists' exchange, one request a round
     offered = next(iter(state.queue.values()))
-    send = np.array([ACTIVE, offered.digest], np.int64)
+    send = np.array([Status.ACTIVE, offered.digest], np.int64)
     recv = np.empty(2 * comm.Get_size(), np.int64)
     state.polling = (comm.Iallgather(send, recv), send, recv, offered)
-    _polls[0] += 1
-
-
-def _decided_alone(recv: np.ndarray, send: np.ndarray) -> bool:
-    """Whether a round's answers decide it without the lists' exchange (_decide): every
-    rank offered the same one request, or some rank shut down (the round raises)."""
-    statuses, values = recv[0::2], recv[1::2]
-    return _all_offer(statuses, values, int(send[0]), int(send[1])) or \
-        bool((statuses == SHUTDOWN).any())
-
-
-def _all_offer(statuses: np.ndarray, values: np.ndarray, status: int, value: int) -> bool:
-    """Whether this rank (status, value) and every other offered the same one request (some
-    to wait for it at once, some later)."""
-    return status in (ACTIVE, BLOCKING) and bool(
-        ((statuses == ACTIVE) | (statuses == BLOCKING)).all() and (values == value).all())
+    _process.polls += 1
 
 
 def _finish_polls() -> None:
@@ -273,7 +273,7 @@ def _finish_polls() -> None:
     sets on every rank (so that no two ranks each wait in one set for the other): before
     any round that waits, as an asynchronous submission's round would have been finished
     before the rank's next call that waits."""
-    pending = [state for state in _sets.values() if state.polling is not None]
+    pending = [state for state in _process.sets.values() if state.polling is not None]
     for state in sorted(pending, key=lambda st: st.order):
         _finish_poll(state.comm, state)
 
@@ -283,11 +283,11 @@ def _finish_poll(comm: MPI.Intracomm, state: _Set) -> None:
     any other)."""
     polling, state.polling = state.polling, None
     if polling is not None:
-        _polls[0] -= 1
+        _process.polls -= 1
         exchange, send, recv, offered = polling
         with watchdog.recorded(_ROUND, comm):
             exchange.Wait()
-        _rounds[0] += 1
+        _process.rounds += 1
         _decide(comm, state, recv.reshape(-1, 2), recv.tobytes() == send.tobytes() *
                 (recv.size // 2), int(send[0]), int(send[1]), offered, None, None, False)
 
@@ -348,8 +348,9 @@ def leave(comms: list[MPI.Intracomm]) -> None:
     _finish_polls()
     exchanges, buffers = [], []
     for comm in comms:
-        if comm.py2f() not in _gone:
-            send = np.array([SHUTDOWN, 0], np.int64)
+        state = _process.sets.get(comm.py2f())
+        if state is None or not state.gone:
+            send = np.array([Status.SHUTDOWN, 0], np.int64)
             recv = np.empty(2 * comm.Get_size(), np.int64)
             buffers.append((send, recv))
             exchanges.append(comm.Iallgather(send, recv))
@@ -360,25 +361,39 @@ def leave(comms: list[MPI.Intracomm]) -> None:
 
 def forget(comm: MPI.Intracomm) -> None:
     """comm's process set is removed: its state here goes (the handle may come again)."""
-    handle = comm.py2f()
-    state = _sets.pop(handle, None)
+    state = _process.sets.pop(comm.py2f(), None)
     if state is not None and state.polling is not None:  # settled first (settle_poll)
         state.polling = None
-        _polls[0] -= 1
-    _gone.pop(handle, None)
-    _answers.pop(handle, None)
-    world.forget_numbering(handle)
+        _process.polls -= 1
 
 
 def forget_gone() -> None:
     """After shutdown(): the communicators are freed, their handles may come again."""
-    _gone.clear()
-    _sets.clear()
-    _polls[0] = 0
-    _answers.clear()
-    if _world[0] is not None:
-        _world[0].Free()
-        _world[0] = None
+    _process.sets.clear()
+    _process.polls = 0
+    if _process.world_group is not None:
+        _process.world_group.Free()
+        _process.world_group = None
+
+
+def next_number(comm: MPI.Intracomm | None, kind: str) -> int:
+    """The number of the next unnamed call of this kind on comm's process set (0 before
+    init() or off the set, where the call is refused)."""
+    if world.current is None or not comm:
+        return 0
+    numbers = _set(comm).unnamed
+    number = numbers.get(kind, 0)
+    numbers[kind] = number + 1
+    return number
+
+
+def follow_numbering(comm: MPI.Intracomm, numbers: dict[str, int]) -> None:
+    """Number the next unnamed calls of each kind on comm's set from at least numbers[kind]
+    (after calls that other ranks made and this one did not)."""
+    if world.current is not None:
+        unnamed = _set(comm).unnamed
+        for kind, number in numbers.items():
+            unnamed[kind] = max(unnamed.get(kind, 0), number)
 
 
 def _gone_error(comm: MPI.Intracomm, gone: list[int]) -> HorovodInternalError:
@@ -390,36 +405,17 @@ def _gone_error(comm: MPI.Intracomm, gone: list[int]) -> HorovodInternalError:
 
 
 def _raise_if_gone(comm: MPI.Intracomm) -> None:
-    gone = _gone.get(comm.py2f())
-    if gone:
-        raise _gone_error(comm, gone)
+    state = _process.sets.get(comm.py2f())
+    if state is not None and state.gone:
+        raise _gone_error(comm, state.gone)
 
 
-def _learn_gone(comm: MPI.Intracomm, statuses: np.ndarray) -> None:
+def _learn_gone(comm: MPI.Intracomm, state: _Set, statuses: np.ndarray) -> None:
     """Raise (every rank that took part, alike) where a rank sent its shutdown status."""
-    gone = np.flatnonzero(statuses == SHUTDOWN).tolist()
+    gone = np.flatnonzero(statuses == Status.SHUTDOWN).tolist()
     if gone:
-        _gone[comm.py2f()] = gone
+        state.gone = gone
         raise _gone_error(comm, gone)
-
-
-def join_refusal(fields: dict, joined: list) -> HorovodInternalError | None:
-    """What the active ranks raise for a call that ranks which have joined cannot take part
-    in, as Horovod: only reductions (hvd.Average and hvd.Sum: the joined give zeros) and
-    barriers can run then. The joined ranks stay in join()."""
-    call, why = fields["call"], None
-    if call == "bucket":
-        if fields["op"] not in ("avg", "sum"):
-            why = "DistributedOptimizer's reductions with hvd.Average or hvd.Sum"
-    elif call in ("allreduce", "grouped_allreduce"):
-        if fields["op"] not in ("Average", "Sum"):
-            why = f"an allreduce with hvd.Average or hvd.Sum only, not {fields['op']}"
-    elif call != "barrier":
-        why = f"allreduce (hvd.Average, hvd.Sum) and barrier only, not {call}"
-    if why is None:
-        return None
-    return HorovodInternalError(f"fastreduce.horovod: ranks {joined} have joined (hvd.join()); "
-                                f"they take part in {why}: {fields['name']!r} is refused")
 
 
 def _round(comm: MPI.Intracomm, state: _Set, fresh: Request | None,
@@ -433,16 +429,16 @@ def _round(comm: MPI.Intracomm, state: _Set, fresh: Request | None,
     joining = joined_at is not None
     queue = state.queue
     if joining:
-        status, value = JOINED, joined_at
+        status, value = Status.JOINED, joined_at
     elif refusal is not None:
-        status, value = REFUSED, 0
+        status, value = Status.REFUSED, 0
     elif fresh is not None and len(queue) == 1:
-        status, value = (BLOCKING if waiting is fresh else ACTIVE), fresh.digest
+        status, value = (Status.BLOCKING if waiting is fresh else Status.ACTIVE), fresh.digest
     else:
-        status, value = LISTED, 0
-    _rounds[0] += 1
+        status, value = Status.LISTED, 0
+    _process.rounds += 1
     if exchanged is None:
-        everyone, alike = _exchange(comm, status, value)
+        everyone, alike = _exchange(comm, state, status, value)
     else:
         everyone, alike = exchanged.reshape(-1, 2), False
     return _decide(comm, state, everyone, alike, status, value, fresh, waiting, refusal,
@@ -456,15 +452,15 @@ def _decide(comm: MPI.Intracomm, state: _Set, everyone: np.ndarray, alike: bool,
     (this rank's own: status, value), `alike` where all are the same."""
     queue = state.queue
     statuses = everyone[:, 0]
-    if alike and status in (ACTIVE, BLOCKING):
+    if alike and status in (Status.ACTIVE, Status.BLOCKING):
         del queue[fresh.name]
-        fresh._finish(None, status == BLOCKING)
+        fresh._finish(None, status == Status.BLOCKING)
         return None
-    _learn_gone(comm, statuses)
-    if (statuses == JOINED).all():
+    _learn_gone(comm, state, statuses)
+    if (statuses == Status.JOINED).all():
         # the rank that called join() last (by the clocks of the ranks' hosts)
         return "joined", max(range(len(statuses)), key=lambda r: (int(everyone[r, 1]), r))
-    if _all_offer(statuses, everyone[:, 1], status, value):
+    if matching.all_offer(statuses, everyone[:, 1], status, value):
         del queue[fresh.name]  # some wait at once, some later: all take the non-blocking path
         fresh._finish()
         return None
@@ -474,22 +470,16 @@ def _decide(comm: MPI.Intracomm, state: _Set, everyone: np.ndarray, alike: bool,
 def _settle(comm: MPI.Intracomm, state: _Set, waiting: Request | None,
             refusal: tuple | None, joining: bool):
     """A round's slow path: every rank's pending list, then the same decisions on every
-    rank (the requests to run, in the first active rank's order; the names that differ,
-    were refused, or can never run)."""
+    rank (matching.decide: the requests to run, in the first active rank's order; the
+    names that differ, were refused, or can never run), applied here."""
     queue = state.queue
+    # a matching.Record, sent as a plain tuple (the smaller pickle)
     record = (joining, None if waiting is None else waiting.name,
               [(n, r.digest) for n, r in queue.items()], refusal)
     with watchdog.recorded(_LISTS, comm):
         everyone = comm.allgather(record)
-    joined = [r for r, (j, _, _, _) in enumerate(everyone) if j]
-    active = [r for r, (j, _, _, _) in enumerate(everyone) if not j]
-    refused: dict[str, str] = {}
-    for r, (_, _, _, why) in enumerate(everyone):
-        if why is not None:
-            refused.setdefault(why[0], f"fastreduce.horovod: {agreement.ranks_text([r])} "
-                               f"refused the collective {why[0]!r}, so no rank runs it "
-                               f"({why[1]})")
-    for name, text in refused.items():
+    decision = matching.decide(everyone)
+    for name, text in decision.refused.items():
         if joining:
             continue
         request = queue.pop(name, None)
@@ -499,77 +489,49 @@ def _settle(comm: MPI.Intracomm, state: _Set, waiting: Request | None,
             if len(state.refused) > 4096:
                 state.refused.clear()
             state.refused[name] = text
-    lists = [dict(everyone[r][2]) for r in active]
-    common = [n for n in lists[0] if n not in refused and all(n in lst for lst in lists[1:])]
-    differ = [n for n in common if any(lst[n] != lists[0][n] for lst in lists[1:])]
-    runnable = [n for n in common if n not in differ]
     described: list[dict] = []
-    if differ or (joined and runnable):
-        wanted = differ + (runnable if joined else [])
+    if decision.wanted:
         with watchdog.recorded(_LISTS, comm):
             described = comm.allgather({} if joining else
-                                       {n: queue[n].describe() for n in wanted})
-    failed = False
-    for name in differ:
-        failed = True
+                                       {n: queue[n].describe() for n in decision.wanted})
+    active = decision.active
+    for name in decision.differ:
         found = agreement.differences([described[r][name] for r in active], active)
-        call = described[active[0]][name].get("call")
-        what = "different collectives" if found is None or "call" in found.fields else \
-            f"{call} differently"
-        error = HorovodMismatch(
-            f"fastreduce.horovod: the ranks of a process set of {comm.Get_size()} submitted "
-            f"{what} under the name {name!r} ({found.text() if found else ''}); every rank "
-            f"must submit the same collective, with the same dtype, shape and op, under one "
-            f"name")
+        error = HorovodMismatch(matching.mismatch_text(
+            name, comm.Get_size(), described[active[0]][name].get("call"), found))
         if not joining:
             queue.pop(name)._finish(error)
     take_part = []
-    for name in runnable:
-        if joined:
-            fields = described[active[0]][name]
-            error = join_refusal(fields, joined)
+    if decision.joined:
+        for name, fields, error in matching.join_parts(decision, described):
             if joining:
                 if error is None:
                     take_part.append(fields)
-                continue
-            if error is not None:
-                failed = True
+            else:  # runs where the joined take part (error None), else fails
                 queue.pop(name)._finish(error)
-                continue
-        queue.pop(name)._finish()
-    if not (runnable or failed or refused) and all(w is not None for j, w, _, _ in everyone
-                                                 if not j):
-        _unstick(comm, state, waiting, everyone, active)
+    else:
+        for name in decision.runnable:
+            queue.pop(name)._finish()
+    if decision.stuck:
+        _unstick(comm, state, waiting, everyone, decision)
     if joining:
-        return take_part, runnable + differ + list(refused)
+        return take_part, decision.runnable + decision.differ + list(decision.refused)
     return None
 
 
 def _unstick(comm: MPI.Intracomm, state: _Set, waiting: Request | None, everyone: list,
-             active: list[int]) -> None:
+             decision: matching.Decision) -> None:
     """Every active rank waits for a request that some rank has not submitted: none can
     ever run, so each rank's wait raises (none may be left waiting: a rank whose program
     then meets the others outside fastreduce would hang). Then the ranks' numbering of
     unnamed calls is set alike: each kind's next number the highest any rank has used or
     holds pending, so that their next unnamed calls match again."""
-    if waiting is not None and comm.Get_rank() in active:
-        listing = "; ".join(f"rank {r} waits for {everyone[r][1]!r} (pending: "
-                            f"{', '.join(repr(n) for n, _ in everyone[r][2])})" for r in active)
+    if waiting is not None and comm.Get_rank() in decision.active:
         state.queue.pop(waiting.name, None)
         waiting._finish(HorovodMismatch(
-            f"fastreduce.horovod: every rank of a process set of {comm.Get_size()} waits for a "
-            f"call (collective) that another rank has not submitted, so none can run "
-            f"({listing}); every rank must submit the same calls, matched by name"))
-    where = comm.py2f()
-    numbers = world.numbering(where)
-    for name in state.queue:  # a number pending here is still to be used by the others
-        kind, number = world.unnamed_number(name)
-        if kind is not None and number < numbers.get(kind, number + 1):
-            numbers[kind] = number
-    highest: dict[str, int] = {}
+            matching.stuck_text(everyone, decision.active, comm.Get_size())))
+    numbers = matching.unused_numbering(state.unnamed if world.current is not None else {},
+                                        list(state.queue))
     with watchdog.recorded(_LISTS, comm):
         numbered = comm.allgather(numbers)
-    for theirs in numbered:
-        for kind, number in theirs.items():
-            highest[kind] = max(highest.get(kind, 0), number)
-    world.follow_numbering(where, highest)
+    follow_numbering(comm, matching.highest_numbering(numbered))

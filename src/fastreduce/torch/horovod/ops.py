@@ -25,8 +25,9 @@ from ...backend import collectives as _core
 from ...backend import engine as _engine
 from ...errors import HorovodArgumentError, HorovodMismatch
 from ..dense import check_dense
-from . import handles, negotiation, timeline, world
+from . import handles, negotiation, timeline
 from .compression import Compression
+from .matching import Status, unnamed_number
 from .process_sets import ProcessSet, _comm_of, global_process_set
 
 __all__ = [
@@ -71,7 +72,7 @@ def _name(kind: str, name, process_set) -> str:
     if name is None:
         # not a member, or before init(): the call is refused later, its name does not matter
         comm = process_set.comm if isinstance(process_set, ProcessSet) else None
-        return f"{kind}.noname.{world.next_number(kind, comm.py2f() if comm else 0)}"
+        return f"{kind}.noname.{negotiation.next_number(comm, kind)}"
     if not isinstance(name, str):
         raise TypeError(f"fastreduce.horovod: name must be a str, not {type(name).__qualname__}")
     return name
@@ -218,7 +219,7 @@ def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place
             _fast_keys.clear()
         keyed = _fast_keys[cached] = negotiation.key_digest(
             ("allreduce", _OP_NAMES[op], (tensor.dtype,), (tensor.shape,), ("cpu",), 1.0, 1.0))
-    out = _core.agreed_allreduce(tensor, opname, comm, negotiation.BLOCKING,
+    out = _core.agreed_allreduce(tensor, opname, comm, Status.BLOCKING,
                                  negotiation.named_digest(keyed, name), everyone, in_place)
     if out is None:
         return _allreduce_start([tensor], [tensor if in_place else None], name, op, prescale,
@@ -965,9 +966,9 @@ def join(device=-1) -> int:
             return followed[1]
         take_part, names = followed
         for name in names:  # unnamed calls stay numbered alike on every rank
-            kind, number = world.unnamed_number(name)
+            kind, number = unnamed_number(name)
             if kind is not None:
-                world.follow_numbering(comm.py2f(), {kind: number + 1})
+                negotiation.follow_numbering(comm, {kind: number + 1})
         for fields in take_part:
             _take_part(comm, fields, device)
 

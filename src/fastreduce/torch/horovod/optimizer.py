@@ -38,10 +38,10 @@ from ... import settings
 from ...backend import engine as _engine
 from ..buckets import BucketEngine, Reduction, plan_buckets, schedule_setting
 from . import ops as _ops
-from . import timeline, world
+from . import timeline
 from .basics import size
 from .compression import Compression, FP16Compressor, NoneCompressor
-from .negotiation import agree_call
+from .negotiation import agree_call, next_number
 from .ops import (
     Adasum,
     Average,
@@ -173,7 +173,7 @@ class _DistributedOptimizer:
         if not trained:
             return
         # the buckets' names, distinct per optimizer (made in the same order on every rank)
-        made = world.next_number("DistributedOptimizer", process_set.comm.py2f())
+        made = next_number(process_set.comm, "DistributedOptimizer")
         self._hvd_label = f"DistributedOptimizer.{made}"
         self._hvd_comm = process_set.comm
         self._hvd_nranks = process_set.size()
