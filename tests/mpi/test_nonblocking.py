@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from fake_dlpack import FakeTensor
-
 from mpi4py import MPI
 
 import fastreduce

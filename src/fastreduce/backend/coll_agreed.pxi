@@ -4,6 +4,7 @@
 # the name fastreduce.horovod's rounds have in the flight record (negotiation.py's too)
 _HOROVOD_ROUND = "fastreduce.horovod: a round of the matching by name (MPI_Iallgather)"
 
+
 def agreed_allreduce(x, op, comm, int64_t status, int64_t digest, int64_t[::1] everyone,
                      bint in_place):
     """Send (status, digest) to every rank of comm and gather theirs into `everyone`

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ... import watchdog
 from ...backend import collectives as _core
 from ...backend import engine as _engine
 from ...errors import HorovodArgumentError, HorovodMismatch
@@ -196,8 +195,9 @@ def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place
                     named: bool):
     """allreduce / allreduce_ in one compiled call (the ranks' 16-byte exchange, then the
     reduction) where nothing stands in the way: a CPU tensor the core takes as it is, no
-    scale factors (hvd.Average of a floating tensor: the core's "avg"), no timeline, no
-    FASTREDUCE_TIMEOUT, nothing pending on this rank's set. _SLOW where it does not apply;
+    scale factors (hvd.Average of a floating tensor: the core's "avg"), no timeline,
+    nothing pending on this rank's set (the exchange is in the flight record as the other
+    path's rounds are). _SLOW where it does not apply;
     where the ranks' answers differ, the negotiation goes on from them (the core having
     taken the tensor, the checks of the slow path pass). `named`: the user gave the name
     (it may be in flight)."""
@@ -205,8 +205,8 @@ def _fast_allreduce(tensor, name, op, prescale, postscale, process_set, in_place
     opname = _FAST_OPS.get(op) if type(op) is int else None
     if comm is None or opname is None or prescale != 1 or postscale != 1 or \
             type(tensor) is not torch.Tensor or timeline.current() is not None or \
-            (named and handles.in_flight((id(comm), name))) or watchdog.timeout() is not None:
-        return _SLOW  # (with a timeout, the other path's exchange is in the flight record)
+            (named and handles.in_flight((id(comm), name))):
+        return _SLOW
     everyone = negotiation.idle(comm, name)
     if everyone is None:
         return _SLOW
