@@ -7,6 +7,11 @@
 cdef bint _finalized = False   # MPI_Finalize has begun
 cdef int _lifetime_keyval = MPI_KEYVAL_INVALID
 _freed = set()  # keys of handles freed while watched (a handle may be reused: see _is_freed)
+# Open MPI deletes a communicator's attributes in MPI_Comm_free, with requests still
+# pending on it (and then fails at its next progress call): they are completed there.
+# MPICH deletes them once the communicator's operations are done, from inside the MPI call
+# that completed the last one, where no MPI call may be made; they complete by themselves.
+cdef bint _complete_on_free = _MPI.get_vendor()[0] == "Open MPI"
 
 
 cdef int _finalizing(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
@@ -42,7 +47,8 @@ cdef int _freeing(MPI_Comm comm, int keyval, void* value, void* extra) noexcept 
     if not Py_IsInitialized():
         return MPI_SUCCESS
     with gil:
-        _complete_pending_on(comm)
+        if _complete_on_free:
+            _complete_pending_on(comm)
         _freed.add(_handle_key(comm))
     return MPI_SUCCESS
 
@@ -51,7 +57,8 @@ cdef void _complete_pending_on(MPI_Comm comm) noexcept:
     """Complete the collective requests MPI still has on comm before it goes (every rank
     frees it, so every rank completes them here): a later wait() returns the result, and
     nothing is left for MPI to progress on a freed communicator (Open MPI 5 crashed at its
-    next call). The engine's requests run on its own duplicate, freed after them."""
+    next call): Open MPI's case (_complete_on_free). The engine's requests run on its own
+    duplicate, freed after them."""
     cdef Request req
     cdef int ierr
     cdef MPI_Status* statuses

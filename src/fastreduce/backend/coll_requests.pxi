@@ -127,12 +127,14 @@ cdef class Request:
 
     cdef int _check_comm(self) except -1:
         _refuse_if_finalized()
-        if self.comm is not None and (<MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
+        if self.p2p and self.comm is not None and (<MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
+            # (a collective one is still MPI's to complete: Open MPI's were completed as the
+            # communicator went (coll_lifetime.pxi), MPICH keeps it until they are done)
             raise ValueError(
                 "fastreduce: the request's communicator was freed before the request "
-                "completed; wait for requests before freeing their communicator (this "
-                "request can no longer be completed: its tensors are kept alive so that "
-                "nothing is overwritten, and its result is not available)")
+                "completed; wait for point-to-point requests before freeing their "
+                "communicator (this request can no longer be completed: its tensors are "
+                "kept alive so that nothing is overwritten, and its result is not available)")
         return 0
 
     cdef int _finish(self, int ierr) except -1:
