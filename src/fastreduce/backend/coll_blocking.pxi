@@ -4,16 +4,16 @@ cdef int _blocking(BufferView* view, BufferView* result, const void* sendbuf,
                    const Reduction* red, MPI_Comm handle, object comm, str call) except -1:
     """The blocking all-reduce of view into result (host or GPU path), in the flight record
     while a timeout is set."""
-    entry = _flight_begin(comm, call, view.count, view.kind, True) if _recording else None
+    cdef int64_t entry = _flight_blocking(comm, call, view.count, view.kind)
     try:
         if not view.on_device:
             _run(sendbuf, result.data, view.count, red, handle)
         else:
             _device_run(view, result, sendbuf, red, handle, comm)
     except BaseException:
-        _flight_end(entry, False)
+        _flight_done(entry, False)
         raise
-    _flight_end(entry, True)
+    _flight_done(entry, True)
     return 0
 
 

@@ -49,7 +49,9 @@ ctypedef struct FlightEntry:
 _FLIGHT_STATES = ("in MPI", "started", "waiting", "done", "failed")
 cdef bint _recording = False
 cdef FlightEntry* _flight = NULL
-cdef int64_t _flight_size = 0
+cdef int64_t _flight_size = 0   # slots: a power of two, at least the size asked for
+cdef int64_t _flight_mask = 0   # _flight_size - 1: a call's slot is its number & mask
+cdef int64_t _flight_kept = 0   # the size asked for: what the record shows
 cdef int64_t _flight_next = 1
 cdef list _flight_calls = []
 cdef list _flight_comms = []
@@ -57,19 +59,26 @@ cdef list _flight_dtypes = []
 cdef object _recorded_hook = None   # recorded(call, comm): a context around a set-up collective
 
 
+cdef extern from "<time.h>" nogil:
+    enum: CLOCK_REALTIME_COARSE  # the last tick (a few ms): enough for a bound in seconds
+
+
 cdef inline double _now() noexcept nogil:
     cdef timespec ts
-    clock_gettime(CLOCK_REALTIME, &ts)
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 def set_flight_record(int64_t size, recorded) -> None:
-    """Keep the last `size` calls (0: record nothing); `recorded(call, comm)`: the Python
-    core's context around a set-up collective (fastreduce.watchdog.recorded)."""
+    """Keep the last `size` calls or more (0: record nothing); `recorded(call, comm)`: the
+    Python core's context around a set-up collective (fastreduce.watchdog.recorded)."""
     global _recording, _flight, _flight_size, _flight_calls, _flight_comms, _flight_dtypes
-    global _recorded_hook
+    global _recorded_hook, _flight_mask, _flight_kept
     if size < 0:
         raise ValueError(f"fastreduce: flight record of {size} calls: give 0 or more")
+    _flight_kept = size
+    if size:
+        size = 1 << (size - 1).bit_length()  # a power of two: a slot is a mask away
     if size != _flight_size:
         free(_flight)
         _flight = NULL
@@ -79,6 +88,7 @@ def set_flight_record(int64_t size, recorded) -> None:
             if _flight == NULL:
                 raise MemoryError(f"fastreduce: no memory for a flight record of {size} calls")
         _flight_size = size
+        _flight_mask = size - 1
         _flight_calls = [None] * size
         _flight_comms = [None] * size
         _flight_dtypes = [None] * size
@@ -90,7 +100,7 @@ cdef int64_t _flight_start(object comm, str call, int64_t count, int kind, str d
                            bint blocking) except -1:
     global _flight_next
     cdef int64_t number = _flight_next
-    cdef int64_t slot = number % _flight_size
+    cdef int64_t slot = number & _flight_mask
     cdef FlightEntry* e = &_flight[slot]
     _flight_next += 1
     e.number = number
@@ -99,8 +109,10 @@ cdef int64_t _flight_start(object comm, str call, int64_t count, int kind, str d
     e.started = _now()
     e.waiting_since = e.started if blocking else 0.0
     e.state = FLIGHT_IN_MPI if blocking else FLIGHT_STARTED
-    _flight_calls[slot] = call
-    _flight_comms[slot] = comm
+    if _flight_calls[slot] is not call:  # (the same call again: no reference to move)
+        _flight_calls[slot] = call
+    if _flight_comms[slot] is not comm:
+        _flight_comms[slot] = comm
     if kind < 0:
         _flight_dtypes[slot] = dtype
     return number
@@ -113,13 +125,28 @@ cdef object _flight_begin(object comm, str call, int64_t count, int kind, bint b
     return _flight_start(comm, call, count, kind, None, blocking)
 
 
-cdef inline FlightEntry* _flight_entry(object entry) noexcept:
-    """The slot still holding entry's call, else NULL (overwritten, or not recorded)."""
-    if entry is None or _flight_size == 0:
+cdef inline FlightEntry* _flight_slot(int64_t number) noexcept:
+    """The slot still holding call `number`'s entry, else NULL (overwritten, or none)."""
+    if number <= 0 or _flight_size == 0:
         return NULL
-    cdef int64_t number = entry
-    cdef FlightEntry* e = &_flight[number % _flight_size]
+    cdef FlightEntry* e = &_flight[number & _flight_mask]
     return e if e.number == number else NULL
+
+
+cdef inline FlightEntry* _flight_entry(object entry) noexcept:
+    return NULL if entry is None else _flight_slot(entry)
+
+
+cdef inline int64_t _flight_blocking(object comm, str call, int64_t count, int kind) except -1:
+    """A blocking call's entry number (0: not recording), without a Python object."""
+    return _flight_start(comm, call, count, kind, None, True) if _recording else 0
+
+
+cdef inline void _flight_done(int64_t number, bint ok) noexcept:
+    cdef FlightEntry* e = _flight_slot(number)
+    if e != NULL:
+        e.state = FLIGHT_DONE if ok else FLIGHT_FAILED
+        e.waiting_since = 0.0
 
 
 cdef object _setup_recorded(str call, object comm):
@@ -165,14 +192,14 @@ def flight_waiting(entry) -> None:
 def flight_entries() -> list:
     """The record, oldest first: (number, call, comm, count, dtype, started, waiting_since
     or None, state) per call; comm the object the call was given (None: the default)."""
-    cdef int64_t first = max(1, _flight_next - _flight_size), number
+    cdef int64_t first = max(1, _flight_next - _flight_kept), number
     cdef FlightEntry* e
     entries = []
     for number in range(first, _flight_next):
-        e = &_flight[number % _flight_size]
+        e = &_flight[number & _flight_mask]
         if e.number != number:
             continue
-        slot = number % _flight_size
+        slot = number & _flight_mask
         entries.append((number, _flight_calls[slot], _flight_comms[slot], e.count,
                         _flight_dtypes[slot] if e.kind < 0 else _KIND_NAMES[e.kind],
                         e.started, e.waiting_since if e.waiting_since else None,
@@ -183,10 +210,10 @@ def flight_entries() -> list:
 def flight_stuck(double timeout):
     """The number of the oldest call waited for longer than `timeout` seconds, or None."""
     cdef double now = _now()
-    cdef int64_t first = max(1, _flight_next - _flight_size), number
+    cdef int64_t first = max(1, _flight_next - _flight_kept), number
     cdef FlightEntry* e
     for number in range(first, _flight_next):
-        e = &_flight[number % _flight_size]
+        e = &_flight[number & _flight_mask]
         if e.number == number and e.waiting_since and now - e.waiting_since > timeout:
             return number
     return None

@@ -6,7 +6,7 @@
 
 cdef bint _finalized = False   # MPI_Finalize has begun
 cdef int _lifetime_keyval = MPI_KEYVAL_INVALID
-_freed = set()  # keys of handles freed while watched (a handle may be reused: see _is_freed)
+cdef set _freed = set()  # keys of handles freed while watched (may be reused: _is_freed)
 # Open MPI deletes a communicator's attributes in MPI_Comm_free, with requests still
 # pending on it (and then fails at its next progress call): they are completed there.
 # MPICH deletes them once the communicator's operations are done, from inside the MPI call

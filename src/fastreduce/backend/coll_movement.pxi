@@ -242,7 +242,7 @@ cdef int _run_move(Move* m, BufferView* dev, const char* send, char* recv, objec
     """m's MPI call on host memory, or on the CUDA memory of `dev` (managed; device
     pointers where the MPI takes them and the path choice says so; else staged), in the
     flight record while a timeout is set."""
-    entry = _flight_begin(comm, call, count, kind, True) if _recording else None
+    cdef int64_t entry = _flight_blocking(comm, call, count, kind)
     cdef int path
     try:
         if not dev.on_device:
@@ -262,9 +262,9 @@ cdef int _run_move(Move* m, BufferView* dev, const char* send, char* recv, objec
                 else:
                     _move_staged(m, dev, send, recv)
     except BaseException:
-        _flight_end(entry, False)
+        _flight_done(entry, False)
         raise
-    _flight_end(entry, True)
+    _flight_done(entry, True)
     return 0
 
 
