@@ -15,7 +15,7 @@ from mpi4py cimport MPI
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
-from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport clock_gettime, timespec
 
 from .algochoice cimport plan_for
 from .buffer cimport BufferView, Resolved, acquire, check_same_layout, device_name, new_like
