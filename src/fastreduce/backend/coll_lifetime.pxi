@@ -1,17 +1,19 @@
 # Communicators and MPI itself ending under fastreduce (included by collectives.pyx):
 # MPI_Finalize, a communicator freed with requests pending, and a freed communicator
 # reached through another handle of it. Each is seen by an attribute whose delete callback
-# MPI runs first thing (MPI_Finalize deletes MPI_COMM_SELF's attributes, MPI_Comm_free the
-# communicator's), never replaced once set, so no per-call cost but one C test.
+# MPI runs (MPI_Finalize deletes MPI_COMM_SELF's attributes first thing), never replaced
+# once set, so no per-call cost but one C test.
 
 cdef bint _finalized = False   # MPI_Finalize has begun
 cdef int _lifetime_keyval = MPI_KEYVAL_INVALID
 cdef set _freed = set()  # keys of handles freed while watched (may be reused: _is_freed)
 # Open MPI deletes a communicator's attributes in MPI_Comm_free, with requests still
-# pending on it (and then fails at its next progress call): they are completed there.
-# MPICH deletes them once the communicator's operations are done, from inside the MPI call
-# that completed the last one, where no MPI call may be made; they complete by themselves.
-cdef bint _complete_on_free = _MPI.get_vendor()[0] == "Open MPI"
+# pending on it (and then fails at its next progress call): they are completed there, and
+# its handle table tells a freed handle from one a new communicator reuses. MPICH deletes
+# them once the communicator's operations are done, from inside the MPI call that completed
+# the last one (where no MPI call may be made: they complete by themselves), and its
+# handles are their own table index: nothing to watch there.
+cdef bint _watch_lifetimes = _MPI.get_vendor()[0] == "Open MPI"
 
 
 cdef int _finalizing(MPI_Comm comm, int keyval, void* value, void* extra) noexcept nogil:
@@ -47,8 +49,7 @@ cdef int _freeing(MPI_Comm comm, int keyval, void* value, void* extra) noexcept 
     if not Py_IsInitialized():
         return MPI_SUCCESS
     with gil:
-        if _complete_on_free:
-            _complete_pending_on(comm)
+        _complete_pending_on(comm)
         _freed.add(_handle_key(comm))
     return MPI_SUCCESS
 
@@ -57,7 +58,7 @@ cdef void _complete_pending_on(MPI_Comm comm) noexcept:
     """Complete the collective requests MPI still has on comm before it goes (every rank
     frees it, so every rank completes them here): a later wait() returns the result, and
     nothing is left for MPI to progress on a freed communicator (Open MPI 5 crashed at its
-    next call): Open MPI's case (_complete_on_free). The engine's requests run on its own
+    next call): Open MPI's case (_watch_lifetimes). The engine's requests run on its own
     duplicate, freed after them."""
     cdef Request req
     cdef int ierr
@@ -81,6 +82,8 @@ cdef int _watch_comm(MPI_Comm handle) except -1:
     global _lifetime_keyval
     cdef void* value = NULL
     cdef int found = 0
+    if not _watch_lifetimes:
+        return 0
     if _lifetime_keyval == MPI_KEYVAL_INVALID:
         CHKERR(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, _freeing, &_lifetime_keyval,
                                       NULL))
