@@ -21,13 +21,14 @@ writes each bucket's phases as a Chrome trace.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import weakref
 
 import torch
 from mpi4py import MPI
 
-from .. import agreement
+from .. import agreement, watchdog
 from ..backend import engine as _engine
 from ..backend.collectives import allreduce_, broadcast_, default_comm, iallreduce_
 from ..backend.reductions import COMPRESSIONS
@@ -57,15 +58,21 @@ def model_fields(params: list[torch.Tensor]) -> dict:
 
 def _agree_on_the_model(comm: MPI.Intracomm, params: list[torch.Tensor]) -> None:
     """Collective: the ranks' models are alike (model_fields), else ValueError on every rank
-    naming what differs, before any gradient is reduced."""
-    def differ(found: agreement.Differences) -> ValueError:
+    naming what differs, before any gradient is reduced. The ranks exchange a digest (a few
+    bytes each, whatever the model); the full descriptions only where the digests differ."""
+    fields = model_fields(params)
+    layout = hashlib.blake2b(repr(sorted(fields.items())).encode(), digest_size=16).hexdigest()
+
+    def differ(_: agreement.Differences) -> ValueError:  # every rank is here: collective
+        with watchdog.recorded("GradientSync: the ranks' models (MPI_Allgather)", comm):
+            found = agreement.differences(comm.allgather(fields))
         shown = dict(list(found.fields.items())[:4])  # the counts, then the first parameters
         text = agreement.Differences(shown, found.groups).text("has")
         return ValueError(f"fastreduce: GradientSync: the ranks' modules differ ({text}); "
                           f"wrap the same model on every rank, with its parameters created "
                           f"in the same order")
 
-    agreement.agree(comm, model_fields(params), None, differ=differ,
+    agreement.agree(comm, {"model": layout}, None, differ=differ,
                     refused=lambda ranks, text: ValueError(text),
                     doing="GradientSync: the ranks' models")
 
