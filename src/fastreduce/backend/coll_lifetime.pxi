@@ -63,10 +63,14 @@ cdef void _complete_pending_on(MPI_Comm comm) noexcept:
     cdef Request req
     cdef int ierr
     cdef MPI_Status* statuses
-    for obj in list(_pending):
+    # only comm's own: no other request may be held here past a release of the GIL (its
+    # last reference dropped meanwhile, it would be completed inside this MPI_Comm_free)
+    mine = [obj for obj in _pending if (<Request>obj).pending and (<Request>obj).job is None
+            and (<Request>obj).handles != NULL and not (<Request>obj).p2p
+            and (<Request>obj).handle == comm]
+    for obj in mine:
         req = <Request>obj
-        if not req.pending or req.job is not None or req.handles == NULL or req.p2p or \
-                req.handle != comm:
+        if not req.pending:
             continue
         statuses = &req.status if req.nhandles == 1 else MPI_STATUSES_IGNORE
         with nogil:
