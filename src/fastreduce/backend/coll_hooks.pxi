@@ -166,10 +166,8 @@ cdef int _flight_waiting(object entry) except -1:
 
 
 cdef void _flight_end(object entry, bint ok) noexcept:
-    cdef FlightEntry* e = _flight_entry(entry)
-    if e != NULL:
-        e.state = FLIGHT_DONE if ok else FLIGHT_FAILED
-        e.waiting_since = 0.0
+    if entry is not None:
+        _flight_done(entry, ok)
 
 
 def flight_begin(str call, comm, int64_t count, str dtype, bint blocking=True):

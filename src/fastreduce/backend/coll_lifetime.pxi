@@ -109,7 +109,12 @@ def comm_is_live(comm) -> bool:
     Open MPI's handle table answers; MPICH's handles are their own index (True: ask MPI,
     which refuses a freed one with an error)."""
     cdef MPI_Comm handle = (<MPI.Comm?>comm).ob_mpi
-    return handle != MPI_COMM_NULL and MPI_Comm_f2c(MPI_Comm_c2f(handle)) == handle
+    return handle != MPI_COMM_NULL and _in_handle_table(handle)
+
+
+cdef inline bint _in_handle_table(MPI_Comm handle) noexcept:
+    """Whether the MPI's handle table names handle (Open MPI; MPICH: always)."""
+    return MPI_Comm_f2c(MPI_Comm_c2f(handle)) == handle
 
 
 cdef bint _is_freed(MPI_Comm handle) except -1:
@@ -120,7 +125,7 @@ cdef bint _is_freed(MPI_Comm handle) except -1:
     cdef int64_t key = _handle_key(handle)
     if key not in _freed:
         return False
-    if MPI_Comm_f2c(MPI_Comm_c2f(handle)) == handle:
+    if _in_handle_table(handle):
         _freed.discard(key)
         return False
     return True
