@@ -585,6 +585,22 @@ def test_profiler_event_of_background_work_ends_when_it_completes(world, checks)
         checks.check(e.is_async == on_engine, f"is_async {e.is_async}")
 
 
+def test_profile_read_at_once_after_wait_of_background_work(world, checks):
+    """wait() returns only once the profiler event of work completed on the engine's thread
+    has ended there: a profile stopped and read right after wait() sees every event, and
+    nothing races with the end (before: a segmentation fault in some rounds)."""
+    from torch.autograd import profiler
+
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t, async_op=True).wait()  # the engine started before the profiles
+    counts = []
+    for _ in range(40):
+        with profiler.profile() as prof:
+            dist.all_reduce(t, async_op=True).wait()
+        counts.append(sum(e.name == "fastreduce:all_reduce" for e in prof.function_events))
+    checks.check(counts == [1] * 40, f"events per profile {counts}")
+
+
 def test_barrier_times_out_on_every_waiting_rank(world, checks, ring):
     """The last rank comes late: every other rank's barrier raises at the group's timeout
     (1 s), naming the barrier; the late rank's arrival then completes their barrier."""

@@ -50,7 +50,7 @@ def profiled(backend: str, event: str, inputs: int | None = 0):
             if future is None:
                 _exit(handle)
             else:
-                _exit_on(handle, future)
+                work._set_profiled(_exit_on(handle, future))
             return work
 
         return run

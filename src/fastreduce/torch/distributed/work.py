@@ -26,6 +26,9 @@ class Work(dist.Work):
         self._mpi_request = mpi_request  # a point-to-point request (wait, test, source)
         self._finished = request is None and job is None and mpi_request is None
         self._future = None  # made on demand for work that is already complete
+        # a profiled operation's event ends in a callback of the future, on whichever thread
+        # completes it: this future completes after that callback has run
+        self._profiled = None
         if self._finished:
             return
         self._future = torch.futures.Future()
@@ -80,6 +83,13 @@ class Work(dist.Work):
         elif self._mpi_request is not None and self._waiter is None and not self._finished:
             self._wait_mpi()
         self._future.wait()  # a callback may still be completing it on another thread
+        if self._profiled is not None:
+            # the profiler event's end, ended on another thread, before wait() returns: a
+            # profile stopped or read after wait() must not race with it
+            try:
+                self._profiled.wait()
+            except BaseException:  # noqa: BLE001  (the operation's error, raised below)
+                pass
         if self._error is not None:
             raise self._error
         return True
@@ -97,7 +107,7 @@ class Work(dist.Work):
                     if self._source == MPI.ANY_SOURCE:  # the sender, for recv_anysource
                         self._source = self._mpi_request.source
                     self._finish(None)
-        return self._future.done()
+        return (self._future if self._profiled is None else self._profiled).done()
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
@@ -120,11 +130,16 @@ class Work(dist.Work):
                     self._waiter = threading.Thread(target=self._wait_mpi, daemon=True,
                                                     name="fastreduce-p2p-wait")
                     self._waiter.start()
-        return self._future
+        return self._future if self._profiled is None else self._profiled
 
     def _pending_future(self):
         """The future the operation completes, or None if it has completed."""
         return None if self._future is None or self._finished else self._future
+
+    def _set_profiled(self, profiled: torch.futures.Future) -> None:
+        """The future that completes once the profiler event's end has run on the
+        operation's future (wait(), is_completed() and get_future() wait for it)."""
+        self._profiled = profiled
 
     def _source_rank(self) -> int:
         """The rank a recv_anysource() received from (after wait())."""
