@@ -136,6 +136,17 @@ def test_public_names_are_the_table():
             f"fastreduce.{public} is a file as well as a name in the table")
 
 
+def test_each_public_name_has_its_stub():
+    """Each public name has a stub for type checkers that re-exports its real module, and
+    every stub at the package's top is one of them."""
+    table = public_modules()
+    stubs = {p.stem for p in PACKAGE.glob("*.pyi")}
+    assert stubs == set(table), f"stubs {sorted(stubs)} vs the table {sorted(table)}"
+    for public, real in table.items():
+        text = (PACKAGE / f"{public}.pyi").read_text()
+        assert f"from .{real} import *" in text, f"{public}.pyi does not re-export {real}"
+
+
 def test_only_gpupaths_talks_to_the_path_choice():
     """The Python core reaches the compiled GPU path choice (backend.pathchoice) only
     through fastreduce.gpupaths."""
