@@ -140,8 +140,12 @@ def test_torch_backend_under_srun(cluster, family):
     """dist.init_process_group("fastreduce") under srun, with no rendezvous variables."""
     python, mpi = python_for(family)
     env = {k: v for k, v in ENV.items()}
+    # every operation once (float32, blocking), barrier, point-to-point batches, objects and
+    # a device mesh: the launch is the subject; the sessions run the whole file on both MPIs
     rc, out = cluster.srun(2, mpi, python, "-W", "ignore",
-                           *cases("tests/mpi/test_torch_backend.py"), env=env, timeout=300)
+                           *cases("tests/mpi/test_torch_backend.py", "-k",
+                                  "float32 and sync and not async or barrier or batch_isend "
+                                  "or object or device_mesh"), env=env, timeout=300)
     assert passed(rc, out), out
 
 
