@@ -107,7 +107,7 @@ class Work(dist.Work):
                     if self._source == MPI.ANY_SOURCE:  # the sender, for recv_anysource
                         self._source = self._mpi_request.source
                     self._finish(None)
-        return (self._future if self._profiled is None else self._profiled).done()
+        return self._completion().done()
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
@@ -130,11 +130,15 @@ class Work(dist.Work):
                     self._waiter = threading.Thread(target=self._wait_mpi, daemon=True,
                                                     name="fastreduce-p2p-wait")
                     self._waiter.start()
-        return self._future if self._profiled is None else self._profiled
+        return self._completion()
 
     def _pending_future(self):
         """The future the operation completes, or None if it has completed."""
         return None if self._future is None or self._finished else self._future
+
+    def _completion(self) -> torch.futures.Future:
+        """The future that completes last: the profiled one where there is one."""
+        return self._future if self._profiled is None else self._profiled
 
     def _set_profiled(self, profiled: torch.futures.Future) -> None:
         """The future that completes once the profiler event's end has run on the
