@@ -91,8 +91,8 @@ def test_core_under_srun(cluster, family, ntasks):
 
 def test_seed_example_under_srun(cluster):
     """12 tasks under srun, on the system Open MPI over PMIx (the family whose wheel cannot
-    go beyond 2 tasks here); MPICH's 12-rank cases run under mpiexec in every pass, and its
-    pmi2 start under srun in the other tests here."""
+    go beyond 2 tasks here); MPICH runs the example on 13 ranks under mpiexec in its
+    sessions, and its pmi2 start under srun in the other tests here."""
     python, mpi = python_for("openmpi")
     rc, out = cluster.srun(12, mpi, python,
                            *cases("tests/mpi/test_partition.py", "-k", "seed_example"),

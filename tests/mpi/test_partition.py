@@ -1,5 +1,5 @@
 """Partitions: properties, the sub-communicator cache and its lifetime, bad input; and the
-seed example at 12 and 13 ranks."""
+seed example at 13 ranks (12 workers and one inactive rank)."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_bad_input(checks, world, P):
 
 
 @pytest.mark.one_mpi
-@pytest.mark.mpi(ranks=(12, 13))  # 13: one worker is inactive
+@pytest.mark.mpi(ranks=(13,))  # one rank is inactive; 12 alone run under srun (test_slurm)
 def test_seed_example(checks):
     """The seed example, as written apart from imports, checked against a reference.
 

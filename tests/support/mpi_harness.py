@@ -116,11 +116,14 @@ class MPIHarness:
         if not session.config.getoption("mpi_sessions"):
             return
         long_too = "long" in (session.config.getoption("-m") or "")
-        found = sorted({(n, p) for item in session.items
-                        if long_too or "long" not in item.keywords
-                        for ranks, p in [case_sessions(item)] for n in ranks})
-        if self.rank == 0:
-            print(json.dumps(found))
+        files: dict[tuple[int, str], set[str]] = {}
+        for item in session.items:
+            if long_too or "long" not in item.keywords:
+                ranks, p = case_sessions(item)
+                for n in ranks:
+                    files.setdefault((n, p), set()).add(item.nodeid.split("::")[0])
+        if self.rank == 0:  # [ranks, profile, the files that hold its cases]
+            print(json.dumps([[n, p, sorted(f)] for (n, p), f in sorted(files.items())]))
         pytest.exit("listed the sessions", returncode=0)
 
     # -- running ------------------------------------------------------------------------
