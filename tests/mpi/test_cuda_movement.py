@@ -21,6 +21,10 @@ Every call, each in its forms (in place, uneven counts, reductions), on 1, 2 and
                avg (divided on the host) staged; send and recv staged until the
                communicator's ranks have agreed on the GPU path
   managed      managed memory: MPI reads it on the host once the producer is done, no copies
+  chunks       with a staging chunk smaller than the call, the calls of equal blocks are
+               pipelined: each chunk of each block copied in and out once, in order, on the
+               staging context's streams, the results, the stream ordering (and that its
+               test can fail); the uneven calls and send/recv still staged whole
   pinned       the staging memory is reused by every call of a size held already
   bad input    a device out for a host x (or the reverse, another device, managed with
                device memory): ValueError before any MPI call (one rank alone makes them)
@@ -464,6 +468,125 @@ def test_ordering_test_can_fail(name, cls, request, comm, checks):
     goods, bads = comm.allgather(good), comm.allgather(bad)
     checks.check(all(goods), f"{name} {cls.__name__}: wrong results with the waits: {goods}")
     checks.check(not all(bads), f"{name} {cls.__name__}: the ordering test cannot fail")
+
+
+# --- staged in pipelined chunks -------------------------------------------------------------
+CHUNK = 1024  # bytes: the fixed staging chunk of the pipelined cases
+
+# name: (elements of a rank's block, blocks in the call, blocks this rank sends, blocks copied
+# back to it), for the calls whose ranks move blocks of one size (root: the last rank)
+PIPELINED = {
+    "broadcast_": lambda root, p: (N, 1, int(root), int(not root)),
+    "reduce_-sum": lambda root, p: (N, 1, 1, int(root)),
+    "reduce_-max": lambda root, p: (N, 1, 1, int(root)),
+    "reduce_-avg": lambda root, p: (N, 1, 1, int(root)),
+    "allgather": lambda root, p: (N, p, 1, p),
+    "allgather-in-place": lambda root, p: (N, p, 1, p),
+    "gather": lambda root, p: (N, p, 1, p if root else 0),
+    "gather-in-place": lambda root, p: (N, p, 1, p if root else 0),
+    "scatter": lambda root, p: (K, p, p if root else 0, 1),
+    "scatter-in-place": lambda root, p: (K, p, p if root else 0, 0 if root else 1),
+    "reduce_scatter-sum": lambda root, p: (K, p, p, 1),
+    "reduce_scatter-max": lambda root, p: (K, p, p, 1),
+    "reduce_scatter-avg": lambda root, p: (K, p, p, 1),
+    "alltoall": lambda root, p: (K, p, p, p),
+}
+
+
+def chunked_copies(name: str, rank: int, size: int) -> tuple[list, list] | None:
+    """The bytes of each copy in and each copy out, in order, of `name` staged with CHUNK:
+    chunk k of the call is bytes [k q, (k + 1) q) of every block, q = CHUNK / (blocks in the
+    call) rounded down to 16 bytes, and each block's part is its own copy. None where one
+    chunk holds the call (staged whole) or the call is uneven or point-to-point."""
+    if name not in PIPELINED:
+        return None
+    elements, blocks, sent, back = PIPELINED[name](rank == size - 1, size)
+    block = elements * ITEM
+    if CHUNK >= block * blocks:
+        return None
+    piece = max(16, CHUNK // blocks // 16 * 16)
+    parts = [min(piece, block - k) for k in range(0, block, piece)]
+    return [n for n in parts for _ in range(sent)], [n for n in parts for _ in range(back)]
+
+
+@pytest.fixture
+def chunked():
+    """The staging chunk fixed at CHUNK bytes on every rank, restored afterwards."""
+    old = gpupaths.set_staging_chunk(CHUNK)
+    yield
+    fakecuda.quiesce()
+    gpupaths.set_staging_chunk(old)
+
+
+@pytest.mark.parametrize("cls", [FakeCudaArray, FakeCudaTensor], ids=["dlpack", "exchange-api"])
+@pytest.mark.parametrize("name", CALLS)
+def test_staged_in_chunks(name, cls, chunked, request, comm, checks):
+    """Staged with a chunk smaller than the call: the host path's results; each chunk of
+    each block copied in and out once, in order, from pinned memory, on the staging
+    context's two streams (not the producer's); the uneven calls and send/recv still in one
+    copy each way (their peers cut alike or not at all)."""
+    check = checks.check
+    case = case_of(name, request, comm)
+    hx, hout = on_host(case)
+    case.call(hx, hout)  # the host path, to compare with
+    producer = Stream()
+    start_counting()
+    x, out = on_device(case, cls, producer, DELAY_US)
+    ret = run(case, x, out, producer if cls is FakeCudaTensor else None)
+    mine, fake, log = counted()
+    what = f"{name} {cls.__name__} rank {comm.rank} of {comm.size}, chunks of {CHUNK} B"
+    check_outcome(case, x, out, ret, what, check)
+    if case.result is not None:
+        check(same(contents(x if case.result == "x" else out),
+                   contents(hx if case.result == "x" else hout)), f"{what}: not the host's")
+    check((mine["staged_calls"], mine["direct_calls"]) == (case.calls, 0),
+          f"{what}: path counts {mine}, expected {case.calls} staged")
+    plan = chunked_copies(name, comm.rank, comm.size)
+    if plan is None:  # staged whole
+        check_copies(case.copies, mine, fake, log, what, check)
+        return
+    d2h, h2d = plan
+    want = {"d2h_copies": len(d2h), "h2d_copies": len(h2d), "d2h_bytes": sum(d2h),
+            "h2d_bytes": sum(h2d)}
+    for counter, counts in (("fake runtime", fake), ("fastreduce", mine)):
+        check({k: counts[k] for k in want} == want,
+              f"{what}: the {counter} counted {({k: counts[k] for k in want})}, expected {want}")
+    for kind, sizes in (("D2H", d2h), ("H2D", h2d)):
+        run_ = [b for k, b, _ in log if k == kind]
+        check(run_ == sizes, f"{what}: {kind} copies run {run_}, expected {sizes}")
+    streams = {k: {s for kk, _, s in log if kk == k} for k in ("D2H", "H2D")}
+    producers = {producer.handle} | {int(g.last_export_stream) for g in (x, out)
+                                     if g is not None and g.last_export_stream is not None}
+    check(all(len(v) <= 1 and not v & producers for v in streams.values()),
+          f"{what}: copies on {streams}; one stream each way expected, not the producer's "
+          f"{producers}")
+    check(fake["pageable_async_copies"] == fake["bad_copies"] == fake["device_syncs"] == 0,
+          f"{what}: pageable or bad copies, or device syncs: {fake}")
+
+
+@pytest.mark.parametrize("name", list(PIPELINED))
+def test_chunks_in_order(name, chunked, request, monkeypatch, comm, checks):
+    """Staged in chunks, a kernel writes the input just before the call: with fastreduce's
+    waits every rank gets the right result, without them (the kernel slower) some rank does
+    not; copies out slowed down, later work on the producer's stream sees the result."""
+    if comm.size > 1:
+        good = ordered(case_of(name, request, comm, 0), FakeCudaTensor, DELAY_US, False)
+        bad = ordered(case_of(name, request, comm, 1), FakeCudaTensor, SLOW_DELAY_US, True)
+        goods, bads = comm.allgather(good), comm.allgather(bad)
+        checks.check(all(goods), f"{name}: wrong results with the waits: {goods}")
+        checks.check(not all(bads), f"{name}: the ordering test cannot fail")
+    monkeypatch.setenv("FAKECUDA_H2D_DELAY_US", "5000")
+    case = case_of(name, request, comm, 2)
+    producer = Stream()
+    x, out = on_device(case, FakeCudaTensor, producer, DELAY_US)
+    run(case, x, out, producer)
+    if case.result is not None:
+        buf = x if case.result == "x" else out
+        checks.check(same(read_on(producer, buf), case.want),
+                     f"{name}: later work on the producer's stream sees the result")
+    if case.kept:
+        checks.check(same(read_on(producer, x), case.x), f"{name}: x kept")
+    fakecuda.quiesce()
 
 
 # --- direct: a CUDA-aware MPI takes the device pointers ------------------------------------

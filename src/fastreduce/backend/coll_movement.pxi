@@ -205,7 +205,11 @@ cdef int _move_host(Move* m, const char* send, char* recv) except -1:
 cdef int _move_staged(Move* m, BufferView* dev, const char* send, char* recv) except -1:
     """Through pinned host memory: what this rank sends (and a receive buffer that holds
     input) copied in on the producer's stream, MPI on the host, what it receives copied
-    back on that stream; the caller's later work on the stream is ordered after it."""
+    back on that stream; the caller's later work on the stream is ordered after it. Large
+    calls of equal blocks go in pipelined chunks (_move_pipelined)."""
+    cdef Pieces pieces
+    if _plan_pieces(m, &pieces):
+        return _move_pipelined(m, dev, send, recv, &pieces)
     cdef cudaStream_t stream = <cudaStream_t>dev.stream
     cdef int64_t send_bytes = 0 if m.in_place and m.kind != MOVE_SCATTER else m.send_bytes
     cdef Staging* ctx = staging_take(dev.device_id, max(send_bytes + m.recv_bytes, 1))
@@ -229,6 +233,146 @@ cdef int _move_staged(Move* m, BufferView* dev, const char* send, char* recv) ex
             staging_release(ctx, stream)
             if dev.own_stream:
                 event_sync(ctx.done)
+    except BaseException:
+        _drain(ctx, stream)
+        raise
+    finally:
+        staging_give(ctx)
+    return 0
+
+
+# --- staged in pipelined chunks ------------------------------------------------------------
+#
+# A call whose ranks move blocks of one size (broadcast, reduce, all-gather, gather, scatter,
+# reduce-scatter, all-to-all) is, chunk by chunk, the same call on bytes [k * piece,
+# (k + 1) * piece) of every block. Each chunk's blocks are packed in a slot of pinned memory,
+# so MPI sees the plain call with a smaller count (no derived datatypes; fastreduce's own ops
+# work as they are). While MPI moves chunk i, later chunks are copied in on one stream of
+# the staging context and earlier ones out on the other, through STAGING_SLOTS slots, as
+# in the staged all-reduce. Every rank cuts alike: the block, the number of blocks and the
+# chunk setting are the same on each. The uneven calls, and send and recv (whose peer may
+# be on host memory, in one message), are staged whole.
+
+ctypedef struct Pieces:
+    int64_t block         # bytes of one rank's block
+    int64_t piece         # bytes of each block in one chunk (the last chunk's may be fewer)
+    int64_t nchunks
+    int send_blocks       # blocks this rank sends: copied in, packed, chunk by chunk
+    int recv_blocks       # blocks the host call receives
+    int back_blocks       # of those, copied back to the device (0 or recv_blocks)
+    bint reduces          # counts in the reduction's elements (else in bytes)
+
+
+cdef int _plan_pieces(Move* m, Pieces* p) except -1:
+    """1 and p filled where m is staged in pipelined chunks; 0 where it is staged whole
+    (another kind of call, or one chunk would hold it: gpupaths.plan_staging's rule on
+    the bytes of one chunk's call, every block in it)."""
+    cdef int rank = 0, size = 1, blocks
+    cdef int64_t chunk, align
+    if m.kind not in (MOVE_BCAST, MOVE_REDUCE, MOVE_ALLGATHER, MOVE_GATHER, MOVE_SCATTER,
+                      MOVE_REDUCE_SCATTER_BLOCK, MOVE_ALLTOALL):
+        return 0
+    _rank_size(m.comm, &rank, &size)
+    cdef bint root = rank == m.root
+    p.block = m.count * m.unit_bytes
+    p.reduces = m.kind == MOVE_REDUCE or m.kind == MOVE_REDUCE_SCATTER_BLOCK
+    blocks = 1 if m.kind == MOVE_BCAST or m.kind == MOVE_REDUCE else size
+    if p.block == 0:
+        return 0
+    chunk = chunk_bytes(p.block * blocks)
+    if chunk >= p.block * blocks:
+        return 0
+    align = 16 if not p.reduces or 16 % m.unit_bytes == 0 else m.unit_bytes
+    p.piece = max(align, chunk // blocks // align * align)
+    if p.piece >= p.block:
+        return 0
+    p.nchunks = (p.block + p.piece - 1) // p.piece
+    if m.kind == MOVE_BCAST:
+        p.send_blocks, p.recv_blocks = root, not root
+    elif m.kind == MOVE_REDUCE:
+        p.send_blocks, p.recv_blocks = 1, root
+    elif m.kind == MOVE_ALLGATHER:
+        p.send_blocks, p.recv_blocks = 1, size
+    elif m.kind == MOVE_GATHER:
+        p.send_blocks, p.recv_blocks = 1, size if root else 0
+    elif m.kind == MOVE_SCATTER:
+        p.send_blocks, p.recv_blocks = size if root else 0, 1
+    elif m.kind == MOVE_REDUCE_SCATTER_BLOCK:
+        p.send_blocks, p.recv_blocks = size, 1
+    else:  # all-to-all
+        p.send_blocks, p.recv_blocks = size, size
+    p.back_blocks = p.recv_blocks if m.writes_recv else 0
+    return 1
+
+
+cdef int _stage_blocks_in(Staging* ctx, Pieces* p, const char* src, int64_t slot_bytes,
+                          int64_t j) except -1 nogil:
+    """Queue chunk j of each block this rank sends to its slot (packed) on the context's
+    device-to-host stream, then mark the slot ready (also where nothing is copied)."""
+    cdef int slot = j % STAGING_SLOTS
+    cdef int64_t n = min(p.piece, p.block - j * p.piece)
+    cdef char* host = ctx.host + slot * slot_bytes
+    cdef int q
+    for q in range(p.send_blocks):
+        copy_async(host + q * n, src + q * p.block + j * p.piece, n, MEMCPY_D2H,
+                   ctx.d2h_stream)
+    return event_record(ctx.d2h[slot], ctx.d2h_stream)
+
+
+cdef int _move_pipelined(Move* m, BufferView* dev, const char* send, char* recv,
+                         Pieces* p) except -1:
+    """m staged in p's chunks: each chunk's MPI call on its slot of pinned memory, out of
+    place (an in-place call's input is read from where it lies on the device), its results
+    copied to their places in recv; later work on the producer's stream ordered after the
+    last copy out."""
+    cdef cudaStream_t stream = <cudaStream_t>dev.stream
+    cdef const char* src = send if send != NULL else recv  # a broadcast's root sends recv
+    cdef int64_t slot_bytes = (p.send_blocks + p.recv_blocks) * p.piece
+    cdef int64_t nslots = min(<int64_t>STAGING_SLOTS, p.nchunks)
+    cdef Staging* ctx = staging_take(dev.device_id, max(nslots * slot_bytes, 1))
+    cdef Move c = m[0]  # each chunk's call (m's count arrays are NULL for these kinds)
+    cdef int64_t i, j, n
+    cdef int slot, q, ierr
+    cdef char* hsend
+    cdef char* hrecv
+    c.in_place = False
+    if not p.reduces:
+        c.unit, c.unit_bytes = MPI_BYTE, 1
+    try:
+        with nogil:
+            event_record(ctx.start, stream)  # after the producer's work so far
+            stream_wait_event(ctx.d2h_stream, ctx.start)
+            staging_order(ctx, ctx.d2h_stream)  # the slots' last reader has finished
+            stream_wait_event(ctx.h2d_stream, ctx.start)
+            for j in range(nslots):
+                _stage_blocks_in(ctx, p, src, slot_bytes, j)
+        for i in range(p.nchunks):
+            slot = i % STAGING_SLOTS
+            n = min(p.piece, p.block - i * p.piece)
+            hsend = ctx.host + slot * slot_bytes
+            hrecv = hsend + p.send_blocks * n
+            c.count = n // c.unit_bytes
+            c.divide_count = n // m.unit_bytes
+            with nogil:
+                event_sync(ctx.d2h[slot])  # chunk i is in; the slot's last copy out is done
+                ierr = _issue(&c, hsend if p.send_blocks else NULL,
+                              hrecv if p.recv_blocks else (hsend if m.kind == MOVE_BCAST
+                                                           else NULL))
+            CHKERR(ierr)
+            if p.recv_blocks:
+                _divide(&c, hrecv)
+            with nogil:
+                for q in range(p.back_blocks):
+                    copy_async(recv + q * p.block + i * p.piece, hrecv + q * n, n, MEMCPY_H2D,
+                               ctx.h2d_stream)
+                event_record(ctx.h2d[slot], ctx.h2d_stream)
+                j = i + STAGING_SLOTS
+                if j < p.nchunks:  # refill the slot once its copies out are done
+                    stream_wait_event(ctx.d2h_stream, ctx.h2d[slot])
+                    _stage_blocks_in(ctx, p, src, slot_bytes, j)
+        with nogil:
+            staging_release(ctx, ctx.h2d_stream)
+            _pipeline_end(ctx, stream, dev.own_stream)
     except BaseException:
         _drain(ctx, stream)
         raise

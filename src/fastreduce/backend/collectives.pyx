@@ -21,8 +21,8 @@ from .algochoice cimport plan_for
 from .buffer cimport BufferView, Resolved, acquire, check_same_layout, device_name, new_like
 from .cudart cimport (
     MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, check_not_capturing, chunk_bytes,
-    copy_async, cudaStream_t, event_sync, staging_give, staging_order, staging_release,
-    staging_take, stream_sync,
+    copy_async, cudaStream_t, event_record, event_sync, staging_give, staging_order,
+    staging_release, staging_take, stream_sync, stream_wait_event,
 )
 from .dlpack cimport kDLCPU, kDLCUDA, kDLCUDAManaged
 from .dtypes cimport KIND_INT64, KIND_UINT8, NKINDS
@@ -35,8 +35,8 @@ from .reductions cimport (
 )
 from .reduce cimport _run, _run_in, count_limit, segment_bytes_now
 from .staging cimport (
-    _check_capture, _copy_in_whole, _device_run, _drain, _pipeline_begin, _StagedJob,
-    _wait_out_producer, _wait_producers,
+    _check_capture, _copy_in_whole, _device_run, _drain, _pipeline_begin, _pipeline_end,
+    _StagedJob, _wait_out_producer, _wait_producers,
 )
 
 import atexit

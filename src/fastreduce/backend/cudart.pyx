@@ -422,7 +422,8 @@ cdef int64_t chunk_bytes(int64_t nbytes) noexcept nogil:
 
 
 def plan_staging(int64_t nbytes) -> tuple:
-    """(bytes per chunk, number of chunks) of a staged reduction of nbytes."""
+    """(bytes per chunk, number of chunks) of a staged all-reduce of nbytes (a data-movement
+    call of equal blocks: nbytes of the whole call, each chunk a share of every block)."""
     if nbytes < 0:
         raise ValueError("nbytes must be >= 0")
     cdef int64_t size = chunk_bytes(nbytes)

@@ -18,6 +18,7 @@ cdef int _device_run(BufferView* x, BufferView* result, const void* sendbuf,
                      const Reduction* red, MPI_Comm handle, object comm) except -1
 cdef int _pipeline_begin(Staging* ctx, cudaStream_t stream, const char* src, int64_t nbytes,
                          int64_t chunk) except -1 nogil
+cdef int _pipeline_end(Staging* ctx, cudaStream_t stream, bint own_stream) except -1 nogil
 
 
 cdef class _StagedJob(Job):
