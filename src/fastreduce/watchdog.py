@@ -10,6 +10,11 @@ another bound, FASTREDUCE_TIMEOUT=0 (or set_timeout(None)) none. The record hold
 last FASTREDUCE_FLIGHT_RECORD calls (default 64), kept in C by the compiled core at a few
 stores and a clock read a call; `flight_record()` returns it at any time.
 
+A communicator may carry a bound of its own (`bound_communicator`: a torch.distributed
+group's timeout): a call on it waited for longer than the sooner of the two ends the job
+the same way, naming the bound. It ends the job rather than raise: MPI cannot cancel a
+collective in flight, and a rank that left one would leave MPI writing into its buffers.
+
 A request that is started and not yet waited for is never "stuck": overlapping it with
 long computation is its purpose. A signal handler (SIGUSR1) cannot print the record of a
 hung rank: Python runs handlers only between bytecodes, and a rank stuck inside MPI runs
@@ -23,20 +28,22 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from mpi4py import MPI
 
 from . import settings
 from .backend import collectives
 
-__all__ = ["DEFAULT_TIMEOUT", "flight_record", "format_record", "recorded", "set_timeout",
-           "timeout"]
+__all__ = ["DEFAULT_TIMEOUT", "bound_communicator", "flight_record", "format_record", "recorded",
+           "set_timeout", "timeout"]
 
 DEFAULT_TIMEOUT = 600.0  # seconds: torch.distributed's default bound on a collective
 _timeout: float | None = None
 _size = 64
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
+_bounds: dict[int, tuple[float, str]] = {}  # a communicator's handle: (seconds, what set it)
 _FIELDS = ("number", "call", "comm", "count", "dtype", "started", "waiting_since", "state")
 
 
@@ -98,33 +105,88 @@ def timeout() -> float | None:
 def set_timeout(seconds: float | None) -> None:
     """End the job when a collective is stuck longer than `seconds` (None: never; the
     default is FASTREDUCE_TIMEOUT's, else DEFAULT_TIMEOUT). Every rank should use the same."""
-    global _timeout, _thread
+    global _timeout
     if seconds is not None:
         seconds = float(seconds)
         if not 0 < seconds <= settings.MAX_SECONDS:
             raise ValueError(f"fastreduce: timeout {seconds}: give seconds > 0, or None")
     _timeout = seconds
-    collectives.set_flight_record(_size if seconds is not None else 0,
-                                  recorded if seconds is not None else None)
+    _watch_while_bounded()
+
+
+def bound_communicator(comm, seconds: float | None,
+                       source: str = "its own bound") -> Callable[[], None]:
+    """End the job also when a collective on comm is waited for longer than `seconds` (the
+    sooner of this and timeout() applies, even with timeout() off); None removes the
+    bound. `source` names it in the message. Every rank of comm should give the same.
+    Returns what removes the bound (it works after comm is freed)."""
+    if seconds is not None and not 0 < float(seconds) <= settings.MAX_SECONDS:
+        raise ValueError(f"fastreduce: bound of {seconds} s on a communicator: give seconds "
+                         f"> 0, or None")
+    handle = comm.handle
     with _lock:
-        if seconds is not None and _thread is None:
+        if seconds is None:
+            _bounds.pop(handle, None)
+        else:
+            _bounds[handle] = (float(seconds), source)
+    _watch_while_bounded()
+    return lambda: _forget_bound(handle)
+
+
+def _forget_bound(handle: int) -> None:
+    # the record stays as it is: another thread may be recording a call into it
+    with _lock:
+        _bounds.pop(handle, None)
+
+
+def _watch_while_bounded() -> None:
+    """The flight record kept, and the watchdog running, while any bound is set."""
+    global _thread
+    bounded = _timeout is not None or bool(_bounds)
+    collectives.set_flight_record(_size if bounded else 0, recorded if bounded else None)
+    with _lock:
+        if bounded and _thread is None:
             _thread = threading.Thread(target=_watch, name="fastreduce-watchdog", daemon=True)
             _thread.start()
 
 
+def _stuck() -> tuple[int, float, str] | None:
+    """(number, bound, what set it) of the oldest call waited for past its bound, or None."""
+    if not _bounds:  # the common case, in C
+        stuck = collectives.flight_stuck(_timeout) if _timeout else None
+        return None if stuck is None else (stuck, _timeout, "FASTREDUCE_TIMEOUT")
+    now = time.time()
+    for number, _, comm, _, _, _, since, _ in collectives.flight_entries():
+        if since is None:
+            continue
+        limit, source = _timeout, "FASTREDUCE_TIMEOUT"
+        if comm is not None and collectives.comm_is_live(comm):
+            own = _bounds.get(comm.handle)
+            if own is not None and (limit is None or own[0] < limit):
+                limit, source = own
+        if limit is not None and now - since > limit:
+            return number, limit, source
+    return None
+
+
+def _period() -> float:
+    """Seconds between the watchdog's looks: a quarter of the shortest bound, at most 1."""
+    limits = [b for b, _ in list(_bounds.values())] + ([_timeout] if _timeout else [])
+    return min([1.0, *(b / 4 for b in limits)])
+
+
 def _watch() -> None:
     while True:
-        limit = _timeout
-        time.sleep(min(1.0, limit / 4) if limit else 1.0)
-        limit = _timeout
-        stuck = collectives.flight_stuck(limit) if limit else None
-        if stuck is None:
+        time.sleep(_period())
+        found = _stuck()
+        if found is None:
             continue
+        stuck, limit, source = found
         rank = MPI.COMM_WORLD.Get_rank()
         entry = next((e for e in flight_record() if e["number"] == stuck), None)
         what = f"{entry['call']} #{stuck} on {entry['comm']}" if entry else f"call #{stuck}"
         _say(f"fastreduce: rank {rank}: {what} has not completed in {limit:g} s "
-             f"(FASTREDUCE_TIMEOUT); aborting the job\n{format_record(stuck)}")
+             f"({source}); aborting the job\n{format_record(stuck)}")
         # The other ranks stuck in the same call time out within their polling period: give
         # them the time to print their record before this rank's MPI_Abort ends them.
         time.sleep(PRINT_GRACE)

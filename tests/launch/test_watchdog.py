@@ -44,3 +44,24 @@ def test_timeout_sees_the_first_collective(monkeypatch, where, names):
     assert "has not completed in 3 s" in out and names in out, out
     assert "flight record" in out and ">>" in out and "set-up" in out, out
     assert "not reached" not in out, out
+
+
+@pytest.mark.one_mpi  # the bound is the Python core's; the abort path runs on both above
+@pytest.mark.parametrize(("where", "names"), [
+    ("torch-group", "allreduce_"),
+    ("torch-group-async", "allgather"),
+])
+def test_group_timeout_ends_a_hung_job(monkeypatch, where, names):
+    """A torch.distributed group's timeout (3 s) bounds its operations with the process's
+    timeout off (FASTREDUCE_TIMEOUT=0): a rank 60 s late, the others' watchdog prints the
+    record naming the group's timeout and ends the job, for a blocking operation and for one
+    the progress engine runs on its duplicate of the group's communicator."""
+    monkeypatch.setenv("FASTREDUCE_TIMEOUT", "0")
+    start = time.monotonic()
+    rc, out = run_mpi(2, sys.executable, str(PROGRAMS / "timeout.py"), "60", where, "3",
+                      timeout=90)
+    elapsed = time.monotonic() - start
+    assert rc != 0 and elapsed < 40, (rc, elapsed, out)
+    assert "has not completed in 3 s (the group's timeout" in out and names in out, out
+    assert "flight record" in out and ">>" in out, out
+    assert "not reached" not in out, out

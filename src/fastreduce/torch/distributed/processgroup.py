@@ -59,6 +59,9 @@ def _python_backend_base():
 _PYTHON_BACKEND_BASE = _python_backend_base()
 
 
+_TIMEOUT_SOURCE = "the group's timeout (init_process_group(timeout=) or new_group(timeout=))"
+
+
 class ProcessGroupFastreduce(dist.ProcessGroup):
     """A torch.distributed process group over an MPI communicator (one group rank per
     communicator rank, in the same order)."""
@@ -73,8 +76,19 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         self._group_desc = ""
         self._buckets: RecurringBuckets | None = None  # made at the first asyncOp all-reduce
         self._abandoned: list = []  # barriers that timed out, kept until they complete
+        self._bounded: set[int] = set()  # communicators whose calls the timeout bounds
+        self._bound(comm)
         if _PYTHON_BACKEND_BASE is not None:
             self._register_device_backends()
+
+    def _bound(self, comm: MPI.Intracomm) -> None:
+        """The group's timeout bounds every call on comm (the group's, or the progress
+        engine's duplicate of it): past it the watchdog ends the job with each stuck rank's
+        flight record (MPI cannot cancel a collective, so a call cannot raise instead)."""
+        seconds = self._timeout.total_seconds() if self._timeout is not None else 0
+        if seconds > 0 and comm.handle not in self._bounded:
+            self._bounded.add(comm.handle)
+            weakref.finalize(self, watchdog.bound_communicator(comm, seconds, _TIMEOUT_SOURCE))
 
     @property
     def comm(self) -> MPI.Intracomm:
@@ -155,6 +169,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 checks.fingerprint(self._comm, name, **fields(),
                                    **({"bytes": nbytes} if nbytes >= 0 else {}))
             dup = _collectives.engine_comm(self._comm)
+            self._bound(dup)
             return Work(result, job=_engine.submit_call(lambda: call(dup)))
         call(self._comm)
         return Done(result)
@@ -498,8 +513,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         _engine.wait_idle()  # work queued before the barrier is done when it returns
         limit, source = getattr(opts, "timeout", None), "the barrier's timeout argument"
         if limit is None or limit.total_seconds() <= 0:
-            limit, source = self._timeout, ("the group's timeout (init_process_group(timeout=) "
-                                            "or new_group(timeout=))")
+            limit, source = self._timeout, _TIMEOUT_SOURCE
         request = self._comm.Ibarrier()
         with watchdog.recorded("MPI_Ibarrier: dist.barrier", self._comm):
             arrived = _wait_at_most(request, limit.total_seconds() if limit else None)
