@@ -180,8 +180,9 @@ def test_gradient_sync(debug_checks):
 @mismatch_case
 @pytest.mark.across_nodes
 def test_torch_backend(debug_checks, comm):
-    """The torch.distributed backend: a different root, element count, op, dtype, or
-    all-to-all splits that do not pair up; the data stays as it was."""
+    """The torch.distributed backend: a different root, shape, op, dtype, or all-to-all
+    splits that do not pair up (what torch's DETAIL mode checks); the data stays as it
+    was."""
     import torch.distributed as dist
 
     import fastreduce.distributed  # noqa: F401
@@ -197,7 +198,16 @@ def test_torch_backend(debug_checks, comm):
         n = 2 if rank else 3
         expect_everywhere(debug_checks,
                           lambda: dist.all_gather_into_tensor(torch.empty(p * n),
-                                                              torch.ones(n)), ["count"])
+                                                              torch.ones(n)), ["shapes"])
+        # the same number of elements in another shape: MPI would take it, torch does not
+        shape = (2, 3) if rank else (3, 2)
+        mine = torch.full(shape, float(rank + 1))
+        expect_everywhere(debug_checks, lambda: dist.all_reduce(mine), ["shapes", "[2, 3]"])
+        debug_checks.check(torch.equal(mine, torch.full(shape, float(rank + 1))),
+                           f"all_reduce's tensor changed: {mine}")
+        expect_everywhere(debug_checks, lambda: dist.broadcast(mine, src=0), ["shapes"])
+        expect_everywhere(debug_checks, lambda: dist.reduce_scatter_tensor(
+            torch.zeros(shape), torch.ones(p, *shape)), ["shapes"])
         op = dist.ReduceOp.SUM if rank else dist.ReduceOp.MAX
         kept = torch.full((3,), float(rank + 1))
         expect_everywhere(debug_checks, lambda: dist.reduce(kept, dst=0, op=op), ["op"])

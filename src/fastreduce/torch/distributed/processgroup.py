@@ -161,13 +161,15 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         progress engine's thread and its duplicate communicator (nbytes -1: a size that
         differs between ranks, decided as 0 bytes). The compiled calls check
         (debug mode) and record (a timeout set) what they do; for the engine's jobs the
-        ranks agree on the operation here, on the caller's thread, with fields()."""
+        ranks agree on the operation here, on the caller's thread, with fields(): what
+        torch's DETAIL debug mode checks (dtypes, shapes, op, root), which the core's own
+        check (counts, op, root) does not see, on either path."""
+        if checks._debug:
+            checks.fingerprint(self._comm, name, **fields(),
+                               **({"bytes": nbytes} if nbytes >= 0 else {}))
         if getattr(opts, "asyncOp", False) and _engine.state()[0] and \
                 0 <= _engine.host_bytes() <= (nbytes if nbytes >= 0 else 0) and \
                 not _any_cuda(inputs):
-            if checks._debug:
-                checks.fingerprint(self._comm, name, **fields(),
-                                   **({"bytes": nbytes} if nbytes >= 0 else {}))
             dup = _collectives.engine_comm(self._comm)
             self._bound(dup)
             return Work(result, job=_engine.submit_call(lambda: call(dup)))
@@ -188,6 +190,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 if t.layout == _SPARSE:
                     return self._allreduce_sparse(tensors, opts)
                 _check_tensor(t, f"tensors[{i}]")
+        if checks._debug:  # shapes, which the core's check (counts) does not see
+            checks.fingerprint(self._comm, "all_reduce", shapes=_shapes(tensors))
         reduce_op = opts.reduceOp
         if reduce_op == _SUM:  # the common case without the look-up
             op, factor = "sum", None
@@ -267,6 +271,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         op, factor = _op_of(opts.reduceOp)
         for i, t in enumerate(tensors):
             _check_tensor(t, f"tensors[{i}]")
+        if checks._debug:
+            checks.fingerprint(self._comm, "all_reduce_coalesced", shapes=_shapes(tensors))
         if factor is not None:
             _premultiply(tensors, factor)
         _collectives.allreduce_coalesced_(list(tensors), op, comm=self._comm)
@@ -287,7 +293,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 _collectives.broadcast_(t, root, comm=comm)
 
         return self._start("broadcast", opts, tensors, call, sum(_nbytes(t) for t in tensors),
-                           tensors, lambda: dict(root=root, dtypes=_dtypes(tensors)))
+                           tensors, lambda: dict(root=root, dtypes=_dtypes(tensors),
+                                                 shapes=_shapes(tensors)))
 
     @_profiled("reduce")
     def reduce(self, tensors, opts=None) -> Work:
@@ -306,7 +313,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
                 _collectives.reduce_(t, op, root, comm=comm)
 
         return self._start("reduce", opts, tensors, call, sum(_nbytes(t) for t in tensors),
-                           tensors, lambda: dict(root=root, op=op, dtypes=_dtypes(tensors)))
+                           tensors, lambda: dict(root=root, op=op, dtypes=_dtypes(tensors),
+                                                 shapes=_shapes(tensors)))
 
     @_profiled("all_gather", 1)
     def allgather(self, output_tensors, input_tensors, opts=None) -> Work:
@@ -327,7 +335,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         return self._start("allgather", opts, output_tensors, call,
                            sum(_nbytes(x) for x in input_tensors) * self._size,
                            [input_tensors, output_tensors],
-                           lambda: dict(dtypes=_dtypes(input_tensors)))
+                           lambda: dict(dtypes=_dtypes(input_tensors),
+                                        shapes=_shapes(input_tensors)))
 
     @_profiled("all_gather_into_tensor", 1)
     def _allgather_base(self, output, input, opts=None) -> Work:
@@ -343,7 +352,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             _collectives.allgather(input, comm=comm, out=output)
 
         return self._start("all_gather_into_tensor", opts, [output], call, _nbytes(output),
-                           [input, output], lambda: dict(dtypes=_dtypes([input])))
+                           [input, output], lambda: dict(dtypes=_dtypes([input]),
+                                                         shapes=_shapes([input])))
 
     @_profiled("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
@@ -402,7 +412,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             _collectives.reduce_scatter(input, op, comm=comm, out=output)
 
         return self._start("reduce_scatter_tensor", opts, [output], call, _nbytes(input),
-                           [input, output], lambda: dict(op=op, dtypes=_dtypes([input])))
+                           [input, output], lambda: dict(op=op, dtypes=_dtypes([input]),
+                                                         shapes=_shapes([input])))
 
     @_profiled("reduce_scatter_tensor_coalesced", 1)
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None) -> Work:
@@ -437,7 +448,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             _unpack(target, outs)
 
         return self._start("gather", opts, output_tensors, call, _nbytes(x) * self._size,
-                           [x, output_tensors], lambda: dict(root=root, dtypes=_dtypes([x])))
+                           [x, output_tensors], lambda: dict(root=root, dtypes=_dtypes([x]),
+                                                             shapes=_shapes([x])))
 
     @_profiled("scatter", 1)
     def scatter(self, output_tensors, input_tensors, opts=None) -> Work:
@@ -460,7 +472,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             _collectives.scatter(flat, root, comm=comm, out=out.reshape(-1))
 
         return self._start("scatter", opts, output_tensors, call, _nbytes(out) * self._size,
-                           [out, input_tensors], lambda: dict(root=root, dtypes=_dtypes([out])))
+                           [out, input_tensors], lambda: dict(root=root, dtypes=_dtypes([out]),
+                                                              shapes=_shapes([out])))
 
     @_profiled("all_to_all", 1)
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
@@ -486,7 +499,8 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         # settings alone (-1: as for a message of 0 bytes), and the core checks the splits
         return self._start("all_to_all_single", opts, [output], call,
                            _nbytes(input) if even else -1, [input, output],
-                           lambda: dict(dtypes=_dtypes([input])))
+                           lambda: dict(dtypes=_dtypes([input]),
+                                        rows=_shapes([input], rows=True)))
 
     @_profiled("all_to_all", 1)
     def alltoall(self, output_tensors, input_tensors, opts=None) -> Work:
@@ -728,6 +742,11 @@ def _any_cuda(tensors) -> bool:
 def _dtypes(tensors) -> str:
     """The tensors' dtypes, for debug mode's check."""
     return ",".join(str(t.dtype).removeprefix("torch.") for t in tensors)
+
+
+def _shapes(tensors, rows: bool = False) -> str:
+    """The tensors' shapes (rows: without the first dimension), for debug mode's check."""
+    return ";".join(str(list(t.shape[1:] if rows else t.shape)) for t in tensors)
 
 
 def _blocking(opts, like=None):
