@@ -44,6 +44,7 @@ _size = 64
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
 _bounds: dict[int, tuple[float, str]] = {}  # a communicator's handle: (seconds, what set it)
+_poll = 1.0  # seconds between the watchdog's looks (_period(), kept as the bounds change)
 _FIELDS = ("number", "call", "comm", "count", "dtype", "started", "waiting_since", "state")
 
 
@@ -123,65 +124,62 @@ def bound_communicator(comm, seconds: float | None,
     if seconds is not None and not 0 < float(seconds) <= settings.MAX_SECONDS:
         raise ValueError(f"fastreduce: bound of {seconds} s on a communicator: give seconds "
                          f"> 0, or None")
-    handle = comm.handle
+    if seconds is None:
+        _forget_bound(collectives.comm_bound_key(comm))
+        return lambda: None
     with _lock:
-        if seconds is None:
-            _bounds.pop(handle, None)
-        else:
-            _bounds[handle] = (float(seconds), source)
+        key = collectives.set_comm_bound(comm, float(seconds))
+        _bounds[key] = (float(seconds), source)
     _watch_while_bounded()
-    return lambda: _forget_bound(handle)
+    return lambda: _forget_bound(key)
 
 
-def _forget_bound(handle: int) -> None:
+def _forget_bound(key: int) -> None:
     # the record stays as it is: another thread may be recording a call into it
+    global _poll
     with _lock:
-        _bounds.pop(handle, None)
+        collectives.clear_comm_bound(key)
+        _bounds.pop(key, None)
+        _poll = _period()
 
 
 def _watch_while_bounded() -> None:
     """The flight record kept, and the watchdog running, while any bound is set."""
-    global _thread
+    global _thread, _poll
     bounded = _timeout is not None or bool(_bounds)
     collectives.set_flight_record(_size if bounded else 0, recorded if bounded else None)
     with _lock:
+        _poll = _period()
         if bounded and _thread is None:
             _thread = threading.Thread(target=_watch, name="fastreduce-watchdog", daemon=True)
             _thread.start()
 
 
-def _stuck() -> tuple[int, float, str] | None:
-    """(number, bound, what set it) of the oldest call waited for past its bound, or None."""
-    if not _bounds:  # the common case, in C
-        stuck = collectives.flight_stuck(_timeout) if _timeout else None
-        return None if stuck is None else (stuck, _timeout, "FASTREDUCE_TIMEOUT")
-    now = time.time()
-    for number, _, comm, _, _, _, since, _ in collectives.flight_entries():
-        if since is None:
-            continue
-        limit, source = _timeout, "FASTREDUCE_TIMEOUT"
-        if comm is not None and collectives.comm_is_live(comm):
-            own = _bounds.get(comm.handle)
-            if own is not None and (limit is None or own[0] < limit):
-                limit, source = own
-        if limit is not None and now - since > limit:
-            return number, limit, source
-    return None
-
-
 def _period() -> float:
     """Seconds between the watchdog's looks: a quarter of the shortest bound, at most 1."""
-    limits = [b for b, _ in list(_bounds.values())] + ([_timeout] if _timeout else [])
+    limits = [b for b, _ in _bounds.values()] + ([_timeout] if _timeout else [])
     return min([1.0, *(b / 4 for b in limits)])
 
 
+def _bound_of(number: int) -> tuple[float, str]:
+    """(seconds, what set it) of the bound that call `number` went past."""
+    limit, source = _timeout, "FASTREDUCE_TIMEOUT"
+    for entry, _, comm, *_ in collectives.flight_entries():
+        if entry == number and comm is not None and collectives.comm_is_live(comm):
+            own = _bounds.get(collectives.comm_bound_key(comm))
+            if own is not None and (limit is None or own[0] < limit):
+                limit, source = own
+    return limit, source
+
+
 def _watch() -> None:
+    # allocates nothing while nothing is stuck (the look at the record is in C)
     while True:
-        time.sleep(_period())
-        found = _stuck()
-        if found is None:
+        time.sleep(_poll)
+        stuck = collectives.flight_stuck(_timeout or 0.0) if _timeout or _bounds else None
+        if stuck is None:
             continue
-        stuck, limit, source = found
+        limit, source = _bound_of(stuck)
         rank = MPI.COMM_WORLD.Get_rank()
         entry = next((e for e in flight_record() if e["number"] == stuck), None)
         what = f"{entry['call']} #{stuck} on {entry['comm']}" if entry else f"call #{stuck}"

@@ -43,19 +43,26 @@ def traced_growth(checks, fn, x) -> int:
     return peak - start
 
 
+def least_growth(checks, fn, x, tries: int = 3) -> int:
+    """The least of `tries` traced_growth measurements: tracemalloc sees every thread, and
+    another one's allocation (torch's, the interpreter's) may land in one window; a
+    per-call allocation is in each."""
+    return min(traced_growth(checks, fn, x) for _ in range(tries))
+
+
 @pytest.mark.parametrize(("name", "x", "empty_like"), [
     ("torch", torch.ones(1024), torch.empty_like),
     ("numpy", np.ones(1024, np.float32), np.empty_like),
 ], ids=["torch", "numpy"])
 def test_python_allocations(checks, name, x, empty_like):
     """tracemalloc: nothing allocated per in-place call, only the result out of place."""
-    nothing = traced_growth(checks, id, x)
-    growth = traced_growth(checks, fastreduce.allreduce_, x) - nothing
+    nothing = least_growth(checks, id, x)
+    growth = least_growth(checks, fastreduce.allreduce_, x) - nothing
     # numpy goes through a __dlpack__ capsule, created and freed within each call
     limit = 0 if name == "torch" else 256
     checks.check(growth <= limit, f"in place on {name}: {growth} B allocated per call")
-    result_only = traced_growth(checks, empty_like, x) - nothing
-    growth = traced_growth(checks, fastreduce.allreduce, x) - nothing
+    result_only = least_growth(checks, empty_like, x) - nothing
+    growth = least_growth(checks, fastreduce.allreduce, x) - nothing
     checks.check(growth <= result_only + (0 if name == "torch" else 512),
                  f"out of place on {name}: {growth} B per call, the result alone is "
                  f"{result_only} B")

@@ -205,13 +205,78 @@ def flight_entries() -> list:
     return entries
 
 
+# Bounds of their own on some communicators (a torch.distributed group's timeout), in C so
+# that the watchdog's look at the record allocates nothing (a thread that allocates every
+# second shows in every measurement of allocations).
+cdef enum:
+    MAX_COMM_BOUNDS = 256
+
+cdef intptr_t _bound_handles[MAX_COMM_BOUNDS]
+cdef double _bound_seconds[MAX_COMM_BOUNDS]
+cdef int _nbounds = 0
+
+
+def set_comm_bound(comm, double seconds) -> int:
+    """Bound the calls on comm at `seconds` too (flight_stuck); returns the key that
+    clear_comm_bound takes (it works after comm is freed)."""
+    global _nbounds
+    cdef intptr_t handle = comm_bound_key(comm)
+    cdef int i
+    if seconds <= 0:
+        raise ValueError(f"fastreduce: a bound of {seconds} s: give seconds > 0")
+    for i in range(_nbounds):
+        if _bound_handles[i] == handle:
+            _bound_seconds[i] = seconds
+            return handle
+    if _nbounds == MAX_COMM_BOUNDS:
+        raise RuntimeError(f"fastreduce: more than {MAX_COMM_BOUNDS} communicators with a "
+                           f"bound of their own; destroy the groups no longer used")
+    _bound_handles[_nbounds] = handle
+    _bound_seconds[_nbounds] = seconds
+    _nbounds += 1
+    return handle
+
+
+def comm_bound_key(comm) -> int:
+    """The key set_comm_bound returns for comm."""
+    return <intptr_t>(<MPI.Comm?>comm).ob_mpi
+
+
+def clear_comm_bound(intptr_t key) -> None:
+    """Remove the bound set_comm_bound returned `key` for (none: nothing)."""
+    global _nbounds
+    cdef int i
+    for i in range(_nbounds):
+        if _bound_handles[i] == key:
+            _nbounds -= 1
+            _bound_handles[i] = _bound_handles[_nbounds]
+            _bound_seconds[i] = _bound_seconds[_nbounds]
+            return
+
+
+cdef double _bound_of(object comm, double timeout):
+    """The sooner of timeout (0: none) and comm's own bound (INFINITY: neither)."""
+    cdef double limit = timeout if timeout > 0 else INFINITY
+    cdef intptr_t handle
+    cdef int i
+    if _nbounds and comm is not None:
+        handle = <intptr_t>(<MPI.Comm>comm).ob_mpi
+        for i in range(_nbounds):
+            if _bound_handles[i] == handle and _bound_seconds[i] < limit:
+                limit = _bound_seconds[i]
+    return limit
+
+
 def flight_stuck(double timeout):
-    """The number of the oldest call waited for longer than `timeout` seconds, or None."""
+    """The number of the oldest call waited for longer than its bound, or None: `timeout`
+    seconds (0: none), or its communicator's own where sooner (set_comm_bound)."""
     cdef double now = _now()
     cdef int64_t first = max(1, _flight_next - _flight_kept), number
     cdef FlightEntry* e
     for number in range(first, _flight_next):
         e = &_flight[number & _flight_mask]
-        if e.number == number and e.waiting_since and now - e.waiting_since > timeout:
+        if e.number == number and e.waiting_since and \
+                now - e.waiting_since > _bound_of(_flight_comms[number & _flight_mask],
+                                                  timeout):
             return number
     return None

@@ -12,7 +12,8 @@ the flight record are hooks the Python core installs (coll_hooks.pxi).
 cimport cython
 from mpi4py cimport MPI
 
-from libc.stdint cimport int32_t, int64_t
+from libc.math cimport INFINITY
+from libc.stdint cimport int32_t, int64_t, intptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 from posix.time cimport clock_gettime, timespec
