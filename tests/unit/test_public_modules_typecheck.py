@@ -1,9 +1,14 @@
 """A user's script that imports every public module (fastreduce.horovod, .nn, ...) passes
-mypy: each name resolves, through its stub, to the real module's names."""
+mypy and pyright (basedpyright: the pyright engine as PyPI ships it): each name resolves,
+through its file beside __init__.py, to the real module's names; a name no module has is
+reported (the checks can fail)."""
 
+import json
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from mpirun import launcher_env
@@ -62,4 +67,27 @@ def test_every_public_module_resolves_for_mypy(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     wrong = _mypy(tmp_path, WRONG)
     assert wrong.returncode == 1 and 'has no attribute "no_such_name"' in wrong.stdout, (
+        wrong.stdout + wrong.stderr)
+
+
+def _pyright(tmp_path, source: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(source))
+    # pyright's standard mode, as a user's editor runs it; the installed packages resolved
+    # from this interpreter
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps({"typeCheckingMode": "standard"}))
+    pyright = shutil.which("basedpyright", path=str(Path(sys.executable).parent))
+    return subprocess.run([pyright, "--pythonpath", sys.executable, str(script)],
+                          capture_output=True, text=True, env=launcher_env(), timeout=600,
+                          cwd=tmp_path)
+
+
+def test_every_public_module_resolves_for_pyright(tmp_path):
+    if shutil.which("basedpyright", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("needs basedpyright (tools/bootstrap.sh installs it)")
+    proc = _pyright(tmp_path, SCRIPT)
+    assert proc.returncode == 0 and "0 errors, 0 warnings" in proc.stdout, (
+        proc.stdout + proc.stderr)
+    wrong = _pyright(tmp_path, WRONG)
+    assert wrong.returncode == 1 and '"no_such_name" is not a known attribute' in wrong.stdout, (
         wrong.stdout + wrong.stderr)

@@ -1,0 +1,6 @@
+"""fastreduce.bench: fastreduce.tools.benchmark (the benchmark command) under its public name.
+
+At run time the finder in __init__.py serves that module itself under this name, and this
+file never runs; it is what type checkers and editors read for the name."""
+
+from .tools.benchmark import *  # noqa: F403

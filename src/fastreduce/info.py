@@ -1,0 +1,6 @@
+"""fastreduce.info: fastreduce.tools.info (the info command) under its public name.
+
+At run time the finder in __init__.py serves that module itself under this name, and this
+file never runs; it is what type checkers and editors read for the name."""
+
+from .tools.info import *  # noqa: F403

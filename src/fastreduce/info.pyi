@@ -1,6 +1,0 @@
-"""fastreduce.info: fastreduce.tools.info (the info command) under its public name.
-
-At run time the finder in __init__.py serves that module itself under this name;
-this stub names it for type checkers."""
-
-from .tools.info import *  # noqa: F403

@@ -1,0 +1,6 @@
+"""fastreduce.nn: fastreduce.torch.nn (the tensor-parallel modules) under its public name.
+
+At run time the finder in __init__.py serves that module itself under this name, and this
+file never runs; it is what type checkers and editors read for the name."""
+
+from .torch.nn import *  # noqa: F403

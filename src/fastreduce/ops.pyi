@@ -1,6 +1,0 @@
-"""fastreduce.ops: fastreduce.torch.custom_ops (the torch.compile custom ops) under its public name.
-
-At run time the finder in __init__.py serves that module itself under this name;
-this stub names it for type checkers."""
-
-from .torch.custom_ops import *  # noqa: F403
