@@ -383,6 +383,43 @@ def read_on(stream: Stream, g) -> np.ndarray:
     return got
 
 
+def staged_run(name: str, cls, request, comm, where: str, check):
+    """The case on the host and, counted, on fake device memory of `cls` whose input a
+    delayed kernel on the producer's stream writes: both outcomes checked, and the device's
+    result against the host's. (case, (x, out, producer, fastreduce's counts, the fake's,
+    the copies run, the checks' label))."""
+    case = case_of(name, request, comm)
+    hx, hout = on_host(case)
+    hret = case.call(hx, hout)
+    check_outcome(case, hx, hout, hret, f"{name} host path", check)
+    producer = Stream()
+    start_counting()
+    x, out = on_device(case, cls, producer, DELAY_US)
+    ret = run(case, x, out, producer if cls is FakeCudaTensor else None)
+    mine, fake, log = counted()
+    what = f"{name} {cls.__name__} {where}"
+    check_outcome(case, x, out, ret, what, check)
+    if case.result is not None:
+        check(same(contents(x if case.result == "x" else out),
+                   contents(hx if case.result == "x" else hout)), f"{what}: not the host's")
+    return case, (x, out, producer, mine, fake, log, what)
+
+
+def seen_later(case: Case, name: str, check) -> None:
+    """Exchange API, copies out slowed down (fastreduce does not wait for them on the host):
+    work queued on the producer's stream after the call sees the result."""
+    producer = Stream()
+    x, out = on_device(case, FakeCudaTensor, producer, DELAY_US)
+    run(case, x, out, producer)
+    if case.result is not None:
+        buf = x if case.result == "x" else out
+        check(same(read_on(producer, buf), case.want),
+              f"{name}: later work on the producer's stream sees the result")
+    if case.kept:
+        check(same(read_on(producer, x), case.x), f"{name}: x kept")
+    fakecuda.quiesce()
+
+
 # --- staged: the host path's results, the copies, the producer's stream -------------------
 @pytest.mark.parametrize("cls", [FakeCudaArray, FakeCudaTensor], ids=["dlpack", "exchange-api"])
 @pytest.mark.parametrize("name", CALLS)
@@ -392,21 +429,8 @@ def test_staged(name, cls, request, comm, checks):
     stream; the input written by a delayed kernel on the producer's stream is what is sent;
     the path counted as staged."""
     check = checks.check
-    case = case_of(name, request, comm)
-    hx, hout = on_host(case)
-    hret = case.call(hx, hout)
-    check_outcome(case, hx, hout, hret, f"{name} host path", check)
-
-    producer = Stream()
-    start_counting()
-    x, out = on_device(case, cls, producer, DELAY_US)
-    ret = run(case, x, out, producer if cls is FakeCudaTensor else None)
-    mine, fake, log = counted()
-    what = f"{name} {cls.__name__} rank {comm.rank}"
-    check_outcome(case, x, out, ret, what, check)
-    if case.result is not None:
-        check(same(contents(x if case.result == "x" else out),
-                   contents(hx if case.result == "x" else hout)), f"{what}: not the host's")
+    case, run_ = staged_run(name, cls, request, comm, f"rank {comm.rank}", check)
+    x, out, producer, mine, fake, log, what = run_
     check_copies(case.copies, mine, fake, log, what, check)
     streams = {s for *_, s in log}
     if cls is FakeCudaTensor:  # the framework's current stream: the producer's
@@ -427,17 +451,7 @@ def test_result_before_later_work_on_the_producers_stream(name, request, monkeyp
     """Exchange API, copies out slowed down (fastreduce does not wait for them on the host):
     work queued on the producer's stream after the call sees the result."""
     monkeypatch.setenv("FAKECUDA_H2D_DELAY_US", "20000")
-    case = case_of(name, request, comm)
-    producer = Stream()
-    x, out = on_device(case, FakeCudaTensor, producer, DELAY_US)
-    run(case, x, out, producer)
-    if case.result is not None:
-        buf = x if case.result == "x" else out
-        checks.check(same(read_on(producer, buf), case.want),
-                     f"{name}: later work on the producer's stream sees the result")
-    if case.kept:
-        checks.check(same(read_on(producer, x), case.x), f"{name}: x kept")
-    fakecuda.quiesce()
+    seen_later(case_of(name, request, comm), name, checks.check)
 
 
 def ordered(case: Case, cls, delay_us: int, skip_waits: bool) -> bool:
@@ -526,19 +540,9 @@ def test_staged_in_chunks(name, cls, chunked, request, comm, checks):
     context's two streams (not the producer's); the uneven calls and send/recv still in one
     copy each way (their peers cut alike or not at all)."""
     check = checks.check
-    case = case_of(name, request, comm)
-    hx, hout = on_host(case)
-    case.call(hx, hout)  # the host path, to compare with
-    producer = Stream()
-    start_counting()
-    x, out = on_device(case, cls, producer, DELAY_US)
-    ret = run(case, x, out, producer if cls is FakeCudaTensor else None)
-    mine, fake, log = counted()
-    what = f"{name} {cls.__name__} rank {comm.rank} of {comm.size}, chunks of {CHUNK} B"
-    check_outcome(case, x, out, ret, what, check)
-    if case.result is not None:
-        check(same(contents(x if case.result == "x" else out),
-                   contents(hx if case.result == "x" else hout)), f"{what}: not the host's")
+    case, run_ = staged_run(name, cls, request, comm,
+                            f"rank {comm.rank} of {comm.size}, chunks of {CHUNK} B", check)
+    x, out, producer, mine, fake, log, what = run_
     check((mine["staged_calls"], mine["direct_calls"]) == (case.calls, 0),
           f"{what}: path counts {mine}, expected {case.calls} staged")
     plan = chunked_copies(name, comm.rank, comm.size)
@@ -576,17 +580,7 @@ def test_chunks_in_order(name, chunked, request, monkeypatch, comm, checks):
         checks.check(all(goods), f"{name}: wrong results with the waits: {goods}")
         checks.check(not all(bads), f"{name}: the ordering test cannot fail")
     monkeypatch.setenv("FAKECUDA_H2D_DELAY_US", "5000")
-    case = case_of(name, request, comm, 2)
-    producer = Stream()
-    x, out = on_device(case, FakeCudaTensor, producer, DELAY_US)
-    run(case, x, out, producer)
-    if case.result is not None:
-        buf = x if case.result == "x" else out
-        checks.check(same(read_on(producer, buf), case.want),
-                     f"{name}: later work on the producer's stream sees the result")
-    if case.kept:
-        checks.check(same(read_on(producer, x), case.x), f"{name}: x kept")
-    fakecuda.quiesce()
+    seen_later(case_of(name, request, comm, 2), name, checks.check)
 
 
 # --- direct: a CUDA-aware MPI takes the device pointers ------------------------------------
