@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-_MPICH_FAMILY_MARKERS = ("MPICH", "Intel(R) MPI", "MVAPICH", "CRAY MPICH")
+from .backend.variants import first_line, mpi_family
 
-
-def mpi_family(library_version: str) -> str:
-    """ABI family ("Open MPI", "MPICH" or "unknown") of an MPI_Get_library_version string."""
-    if "Open MPI" in library_version:
-        return "Open MPI"
-    if any(marker in library_version for marker in _MPICH_FAMILY_MARKERS):
-        return "MPICH"
-    return "unknown"
-
-
-def first_line(text: str) -> str:
-    """The first line of an MPI_Get_library_version string (some MPIs count the NUL)."""
-    text = text.replace("\0", "").strip()
-    return text.splitlines()[0].strip() if text else "(empty)"
+__all__ = ["check", "first_line", "mismatch", "mpi_family"]
 
 
 def mismatch(build: tuple[str, str], linked: str, loaded: str) -> str | None:

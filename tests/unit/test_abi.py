@@ -1,23 +1,35 @@
 """The import-time check that fastreduce and mpi4py use the same MPI library."""
 
 import importlib.util
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
 
-def load_abi_module():
-    """fastreduce/_abi.py, loaded without importing fastreduce (which initialises MPI)."""
+def load_pure_modules():
+    """fastreduce/_abi.py and fastreduce/backend/variants.py (which it imports), loaded
+    without importing fastreduce (which initialises MPI): under a package name of their own
+    whose parents are empty modules."""
     spec = importlib.util.find_spec("fastreduce")
     assert spec is not None and spec.submodule_search_locations
-    path = Path(next(iter(spec.submodule_search_locations))) / "_abi.py"
-    module_spec = importlib.util.spec_from_file_location("fastreduce_abi_under_test", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for name in ("fr_pure", "fr_pure.backend"):
+        sys.modules[name] = types.ModuleType(name)
+        sys.modules[name].__path__ = []
+    loaded = []
+    for name, path in (("fr_pure.backend.variants", root / "backend" / "variants.py"),
+                       ("fr_pure._abi", root / "_abi.py")):
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        loaded.append(module)
+    return loaded
 
 
-abi = load_abi_module()
+variants, abi = load_pure_modules()
 OMPI = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11"
 MPICH = "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 2026\nMPICH ABI: 18:2:"
 INTEL = "Intel(R) MPI Library 2021.10 for Linux* OS"
@@ -61,3 +73,46 @@ def test_library_strings_with_a_counted_nul():
     # Open MPI counts the terminating NUL in MPI_Get_library_version's length
     assert abi.first_line(OMPI + "\0") == OMPI
     assert abi.mismatch(("Open MPI", "Open MPI 5.0.11"), OMPI, OMPI + "\0") is None
+
+
+# --- a wheel's builds, one per ABI family: which one loads -----------------------------------
+
+@pytest.mark.parametrize(("loaded", "want"), [(OMPI, "openmpi"), (MPICH, "mpich"),
+                                               (INTEL, "mpich"), (CRAY, "mpich")])
+def test_the_build_for_the_loaded_family(loaded, want):
+    assert variants.choose(["mpich", "openmpi"], loaded, None) == want
+
+
+def test_no_build_for_the_loaded_family():
+    with pytest.raises(ImportError) as info:
+        variants.choose(["openmpi"], MPICH, None)
+    text = str(info.value)
+    assert all(w in text for w in ("MPICH Version:      5.0.2 (ABI family: MPICH)",
+                                   "openmpi (Open MPI) only", "MPI4PY_LIBMPI",
+                                   "--no-binary fastreduce")), text
+    with pytest.raises(ImportError, match=r"Microsoft MPI 10.1 \(ABI family: unknown\)"):
+        variants.choose(["mpich", "openmpi"], "Microsoft MPI 10.1", None)
+
+
+def test_forced_build():
+    """FASTREDUCE_MPIABI names the build for an MPI whose family cannot be told; it may
+    not name one of another family than the one loaded, nor one the wheel lacks."""
+    assert variants.choose(["mpich", "openmpi"], "Vendor MPI 3.0", "mpich") == "mpich"
+    assert variants.choose(["mpich", "openmpi"], MPICH, "mpich") == "mpich"
+    with pytest.raises(ImportError, match="names the MPICH build, but mpi4py loaded Open MPI"):
+        variants.choose(["mpich", "openmpi"], OMPI, "mpich")
+    with pytest.raises(ImportError, match="FASTREDUCE_MPIABI=mpich, but this installation "
+                                          "holds the compiled core for openmpi"):
+        variants.choose(["openmpi"], "Vendor MPI 3.0", "mpich")
+
+
+def test_variants_found_in_a_folder(tmp_path):
+    """Only folders holding the compiled core count; a source build has it in place."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    (tmp_path / "_openmpi").mkdir()
+    (tmp_path / "_openmpi" / f"collectives{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    (tmp_path / "_mpich").mkdir()
+    (tmp_path / "_mpich" / "collectives.pyi").write_text("")  # a stub is no build
+    assert variants.variants_in(str(tmp_path)) == ["openmpi"]
+    assert variants.use_variant([str(tmp_path / "_openmpi")]) is None  # in place

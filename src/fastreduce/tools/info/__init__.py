@@ -17,7 +17,16 @@ from mpi4py import MPI
 from ... import algorithms, gpupaths, runtime, settings, topology
 from ..._abi import first_line
 from ..._version import __version__
-from ...backend import buffer, collectives, cudart, engine, mpierrors, reduce, reductions
+from ...backend import (
+    buffer,
+    collectives,
+    cudart,
+    engine,
+    mpierrors,
+    reduce,
+    reductions,
+    variants,
+)
 from ...errors import CalibrationError
 from ...sizes import format_size
 
@@ -71,6 +80,7 @@ def collect() -> dict:
         "numpy": numpy.__version__,
         "torch": torch_version,
         "built against": f"{version} ({family} ABI)",
+        "compiled core": variants.in_use(),
         "running on": first_line(MPI.Get_library_version()),
         "linked libmpi": first_line(mpierrors.linked_library_version()),
         "MPI standard": "{}.{}".format(*MPI.Get_version()),
