@@ -43,7 +43,7 @@ _timeout: float | None = None
 _size = 64
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
-_bounds: dict[int, tuple[float, str]] = {}  # a communicator's handle: (seconds, what set it)
+_bounds: dict[int, tuple[float, str]] = {}  # comm_bound_key(comm): (seconds, what set it)
 _poll = 1.0  # seconds between the watchdog's looks (_period(), kept as the bounds change)
 _FIELDS = ("number", "call", "comm", "count", "dtype", "started", "waiting_since", "state")
 
