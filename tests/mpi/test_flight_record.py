@@ -5,6 +5,8 @@ timeout is set and cleared here with fastreduce.set_timeout, and restored after.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -93,3 +95,37 @@ def test_record_in_order(checks, comm):
     numbers = [e["number"] for e in record]
     checks.check(numbers == sorted(numbers) and len(set(numbers)) == len(numbers),
                  f"numbers {numbers}")
+
+
+def test_a_communicators_own_bound(checks, comm):
+    """A call waited for on a communicator with a bound of its own is stuck past that bound,
+    also with the process's timeout off, and not on another communicator; the bound goes
+    when removed (what a torch.distributed group's timeout does; the job's end itself is
+    tests/launch/test_watchdog.py's)."""
+    from fastreduce import watchdog
+    from fastreduce.backend import collectives
+
+    old = watchdog.timeout()
+    bounded, other = comm.Dup(), comm.Dup()
+    fastreduce.set_timeout(None)
+    remove = watchdog.bound_communicator(bounded, 0.05, "a test's bound")
+    try:
+        entries = [collectives.flight_begin("waited", c, 1, "float32") for c in (bounded, other)]
+        for entry in entries:
+            collectives.flight_waiting(entry)
+        time.sleep(0.2)
+        stuck = collectives.flight_stuck(0.0)
+        checks.check(stuck == entries[0], f"stuck: {stuck}, expected #{entries[0]} "
+                     f"(the bounded communicator's call), not #{entries[1]}")
+        checks.check(watchdog._bound_of(entries[0]) == (0.05, "a test's bound"),
+                     f"named bound {watchdog._bound_of(entries[0])}")
+        checks.check(collectives.flight_stuck(10.0) == entries[0], "the sooner bound wins")
+        remove()
+        checks.check(collectives.flight_stuck(0.0) is None, "a removed bound still counts")
+        for entry in entries:
+            collectives.flight_end(entry)
+    finally:
+        remove()
+        fastreduce.set_timeout(old)
+        bounded.Free()
+        other.Free()

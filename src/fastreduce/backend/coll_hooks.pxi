@@ -208,31 +208,35 @@ def flight_entries() -> list:
 # Bounds of their own on some communicators (a torch.distributed group's timeout), in C so
 # that the watchdog's look at the record allocates nothing (a thread that allocates every
 # second shows in every measurement of allocations).
-cdef enum:
-    MAX_COMM_BOUNDS = 256
+ctypedef struct CommBound:
+    intptr_t handle
+    double seconds
 
-cdef intptr_t _bound_handles[MAX_COMM_BOUNDS]
-cdef double _bound_seconds[MAX_COMM_BOUNDS]
+cdef CommBound* _bounds = NULL
 cdef int _nbounds = 0
+cdef int _bounds_room = 0
 
 
 def set_comm_bound(comm, double seconds) -> int:
     """Bound the calls on comm at `seconds` too (flight_stuck); returns the key that
     clear_comm_bound takes (it works after comm is freed)."""
-    global _nbounds
+    global _nbounds, _bounds, _bounds_room
     cdef intptr_t handle = comm_bound_key(comm)
     cdef int i
+    cdef CommBound* grown
     if seconds <= 0:
         raise ValueError(f"fastreduce: a bound of {seconds} s: give seconds > 0")
     for i in range(_nbounds):
-        if _bound_handles[i] == handle:
-            _bound_seconds[i] = seconds
+        if _bounds[i].handle == handle:
+            _bounds[i].seconds = seconds
             return handle
-    if _nbounds == MAX_COMM_BOUNDS:
-        raise RuntimeError(f"fastreduce: more than {MAX_COMM_BOUNDS} communicators with a "
-                           f"bound of their own; destroy the groups no longer used")
-    _bound_handles[_nbounds] = handle
-    _bound_seconds[_nbounds] = seconds
+    if _nbounds == _bounds_room:
+        grown = <CommBound*>realloc(_bounds, max(16, 2 * _bounds_room) * sizeof(CommBound))
+        if grown == NULL:
+            raise MemoryError("fastreduce: out of memory for the communicators' bounds")
+        _bounds, _bounds_room = grown, max(16, 2 * _bounds_room)
+    _bounds[_nbounds].handle = handle
+    _bounds[_nbounds].seconds = seconds
     _nbounds += 1
     return handle
 
@@ -247,10 +251,9 @@ def clear_comm_bound(intptr_t key) -> None:
     global _nbounds
     cdef int i
     for i in range(_nbounds):
-        if _bound_handles[i] == key:
+        if _bounds[i].handle == key:
             _nbounds -= 1
-            _bound_handles[i] = _bound_handles[_nbounds]
-            _bound_seconds[i] = _bound_seconds[_nbounds]
+            _bounds[i] = _bounds[_nbounds]
             return
 
 
@@ -262,8 +265,8 @@ cdef double _bound_of(object comm, double timeout):
     if _nbounds and comm is not None:
         handle = <intptr_t>(<MPI.Comm>comm).ob_mpi
         for i in range(_nbounds):
-            if _bound_handles[i] == handle and _bound_seconds[i] < limit:
-                limit = _bound_seconds[i]
+            if _bounds[i].handle == handle and _bounds[i].seconds < limit:
+                limit = _bounds[i].seconds
     return limit
 
 

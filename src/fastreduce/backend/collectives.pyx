@@ -14,7 +14,7 @@ from mpi4py cimport MPI
 
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t, intptr_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 from posix.time cimport clock_gettime, timespec
 
