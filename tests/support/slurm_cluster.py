@@ -12,6 +12,7 @@ import random
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -57,6 +58,15 @@ TmpFS={d}/%n/tmp
 """
 
 
+def _listening(port: int) -> bool:
+    """Whether something on this machine accepts connections on the TCP port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def missing_tools() -> list[str]:
     return [t for t in ("slurmctld", "slurmd", "srun", "sinfo") if shutil.which(t) is None]
 
@@ -84,7 +94,14 @@ class SlurmCluster:
         return [["slurmctld", "-D", "-f", str(self.conf)],
                 ["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)]]
 
+    controller_port = 6817  # Slurm's default
+
     def start(self, timeout: float = 60) -> None:
+        if _listening(self.controller_port):  # another cluster's daemons would answer
+            raise RuntimeError(
+                f"port {self.controller_port} is taken: a slurmctld of an earlier run (one "
+                f"stopped before its end) is still running, and its slurmd would run this "
+                f"cluster's jobs; stop it (pkill -x slurmctld; pkill -x slurmd) and run again")
         for cmd in self.daemons():
             self.procs.append(subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL,
@@ -160,6 +177,7 @@ class MultiNodeSlurm(SlurmCluster):
     def __init__(self, folder: Path, cluster, cpus: int = 4,
                  ports: tuple[int, int] = (6917, 6918)):
         self.folder = folder
+        self.controller_port = ports[0]
         self.nodes = [node.name for node in cluster.nodes]
         lines = "".join(f"NodeName={node.name} NodeAddr={node.address} CPUs={cpus} "
                         f"State=UNKNOWN\n" for node in cluster.nodes)
