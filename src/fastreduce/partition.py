@@ -15,6 +15,7 @@ the communicator it is freeing and can crash there).
 
 from __future__ import annotations
 
+import collections
 import math
 import operator
 import weakref
@@ -55,17 +56,31 @@ def _sub_cache(comm: MPI.Comm) -> dict:
 
 
 def _free_owned(comm: MPI.Comm) -> None:
-    """Free a communicator a partition made, once the partition is gone (its cached
-    sub-communicators go with it: the attribute's delete callback)."""
+    """Free a communicator a partition made (its cached sub-communicators go with it: the
+    attribute's delete callback)."""
     if not MPI.Is_finalized() and comm != MPI.COMM_NULL:
         comm.Free()
 
 
+# Communicators of partitions the garbage collector took, freed at the next partition made
+# or deactivated. Never from the collector itself: it runs at any allocation, also inside
+# an mpi4py call that holds mpi4py's communicator-lock table (comm.allgather's first use on
+# a communicator), and freeing a communicator there waits for that lock forever.
+_collected: collections.deque[MPI.Comm] = collections.deque()
+
+
+def _free_collected() -> None:
+    """Free the communicators of partitions collected since the last call."""
+    while _collected:
+        _free_owned(_collected.popleft())
+
+
 def _owning(partition: Partition, comm: MPI.Comm) -> Partition:
-    """The partition owns comm, which it made: freed with deactivate() or when the partition
-    is garbage-collected, so partitions made and dropped in a loop do not exhaust the MPI's
-    communicators (MPICH has about 2048)."""
-    partition._owned = weakref.finalize(partition, _free_owned, comm)
+    """The partition owns comm, which it made: freed with deactivate(), or after the
+    partition is garbage-collected (at the next partition made), so partitions made and
+    dropped in a loop do not exhaust the MPI's communicators (MPICH has about 2048)."""
+    _free_collected()
+    partition._owned = weakref.finalize(partition, _collected.append, comm)
     return partition
 
 
@@ -115,8 +130,10 @@ class Partition:
         """Free this partition's communicator (if this partition made it) and its cached
         sub-communicators; the partition becomes inactive. Collective over the partition."""
         owned = getattr(self, "_owned", None)
-        if owned is not None:
-            owned()  # frees the communicator once
+        if owned is not None and owned.alive:
+            owned.detach()
+            _free_owned(self._comm)
+        _free_collected()
         self._comm = MPI.COMM_NULL
         self.active = False
         self.rank, self.size = -1, 0

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from mpi4py import MPI
 
 from . import settings
-from .backend import collectives
+from .backend import collectives, commattr
 
 __all__ = ["DEFAULT_TIMEOUT", "bound_communicator", "flight_record", "format_record", "recorded",
            "set_timeout", "timeout"]
@@ -42,8 +42,12 @@ DEFAULT_TIMEOUT = 600.0  # seconds: torch.distributed's default bound on a colle
 _timeout: float | None = None
 _size = 64
 _thread: threading.Thread | None = None
-_lock = threading.Lock()
-_bounds: dict[int, tuple[float, str]] = {}  # comm_bound_key(comm): (seconds, what set it)
+# Reentrant: a process group the garbage collector takes while this thread holds it removes
+# its bound from inside (weakref.finalize), as does a bounded communicator freed then.
+_lock = threading.RLock()
+# comm_bound_key(comm): (seconds, what set it, the token of that setting)
+_bounds: dict[int, tuple[float, str, object]] = {}
+_freed_keyval: int | None = None  # the attribute that removes a bound when its comm is freed
 _poll = 1.0  # seconds between the watchdog's looks (_period(), kept as the bounds change)
 _FIELDS = ("number", "call", "comm", "count", "dtype", "started", "waiting_since", "state")
 
@@ -120,26 +124,43 @@ def bound_communicator(comm, seconds: float | None,
     """End the job also when a collective on comm is waited for longer than `seconds` (the
     sooner of this and timeout() applies, even with timeout() off); None removes the
     bound. `source` names it in the message. Every rank of comm should give the same.
-    Returns what removes the bound (it works after comm is freed)."""
+    Returns what removes the bound; freeing comm removes it too (a later communicator that
+    MPI gives the same handle starts unbounded)."""
+    global _freed_keyval
     if seconds is not None and not 0 < float(seconds) <= settings.MAX_SECONDS:
         raise ValueError(f"fastreduce: bound of {seconds} s on a communicator: give seconds "
                          f"> 0, or None")
+    key = collectives.comm_bound_key(comm)
     if seconds is None:
-        _forget_bound(collectives.comm_bound_key(comm))
+        with _lock:
+            held = _bounds.get(key)
+            if held is not None:
+                _forget_bound(key, held[2])
         return lambda: None
+    token = object()  # this setting: a remover of an earlier one leaves it in place
     with _lock:
-        key = collectives.set_comm_bound(comm, float(seconds))
-        _bounds[key] = (float(seconds), source)
+        collectives.set_comm_bound(comm, float(seconds))
+        _bounds[key] = (float(seconds), source, token)
+        if _freed_keyval is None:
+            _freed_keyval = commattr.create_keyval(_on_freed)
+        commattr.set_attr(comm, _freed_keyval, (key, token))  # (an earlier one's: a no-op)
     _watch_while_bounded()
-    return lambda: _forget_bound(key)
+    return lambda: _forget_bound(key, token)
 
 
-def _forget_bound(key: int) -> None:
+def _on_freed(setting: tuple[int, object]) -> None:
+    _forget_bound(*setting)  # no MPI call: MPICH runs this inside another MPI call
+
+
+def _forget_bound(key: int, token: object) -> None:
     # the record stays as it is: another thread may be recording a call into it
     global _poll
     with _lock:
+        held = _bounds.get(key)
+        if held is None or held[2] is not token:
+            return  # removed already, or another setting since
         collectives.clear_comm_bound(key)
-        _bounds.pop(key, None)
+        del _bounds[key]
         _poll = _period()
 
 
@@ -157,7 +178,7 @@ def _watch_while_bounded() -> None:
 
 def _period() -> float:
     """Seconds between the watchdog's looks: a quarter of the shortest bound, at most 1."""
-    limits = [b for b, _ in _bounds.values()] + ([_timeout] if _timeout else [])
+    limits = [b for b, *_ in _bounds.values()] + ([_timeout] if _timeout else [])
     return min([1.0, *(b / 4 for b in limits)])
 
 
@@ -168,7 +189,7 @@ def _bound_of(number: int) -> tuple[float, str]:
         if entry == number and comm is not None and collectives.comm_is_live(comm):
             own = _bounds.get(collectives.comm_bound_key(comm))
             if own is not None and (limit is None or own[0] < limit):
-                limit, source = own
+                limit, source, _ = own
     return limit, source
 
 

@@ -97,18 +97,21 @@ def test_record_in_order(checks, comm):
                  f"numbers {numbers}")
 
 
-def test_a_communicators_own_bound(checks, comm):
+def test_a_communicators_own_bound(checks, comm, monkeypatch):
     """A call waited for on a communicator with a bound of its own is stuck past that bound,
     also with the process's timeout off, and not on another communicator; the bound goes
     when removed (what a torch.distributed group's timeout does; the job's end itself is
-    tests/launch/test_watchdog.py's)."""
+    tests/launch/test_watchdog.py's). The bound is set in the compiled core's table only,
+    and the watchdog's own view emptied meanwhile: it would end this job."""
     from fastreduce import watchdog
     from fastreduce.backend import collectives
 
     old = watchdog.timeout()
     bounded, other = comm.Dup(), comm.Dup()
-    fastreduce.set_timeout(None)
-    remove = watchdog.bound_communicator(bounded, 0.05, "a test's bound")
+    monkeypatch.setattr(watchdog, "_bounds", {})  # (the groups' bounds of earlier tests)
+    fastreduce.set_timeout(None)  # with no bound it knows of, the watchdog stops looking
+    collectives.set_flight_record(64, watchdog.recorded)
+    key = collectives.set_comm_bound(bounded, 0.05)
     try:
         entries = [collectives.flight_begin("waited", c, 1, "float32") for c in (bounded, other)]
         for entry in entries:
@@ -117,15 +120,36 @@ def test_a_communicators_own_bound(checks, comm):
         stuck = collectives.flight_stuck(0.0)
         checks.check(stuck == entries[0], f"stuck: {stuck}, expected #{entries[0]} "
                      f"(the bounded communicator's call), not #{entries[1]}")
-        checks.check(watchdog._bound_of(entries[0]) == (0.05, "a test's bound"),
-                     f"named bound {watchdog._bound_of(entries[0])}")
         checks.check(collectives.flight_stuck(10.0) == entries[0], "the sooner bound wins")
-        remove()
+        collectives.clear_comm_bound(key)
         checks.check(collectives.flight_stuck(0.0) is None, "a removed bound still counts")
         for entry in entries:
             collectives.flight_end(entry)
     finally:
-        remove()
+        collectives.clear_comm_bound(key)
         fastreduce.set_timeout(old)
         bounded.Free()
         other.Free()
+
+
+def test_a_bound_is_named_and_goes_with_its_communicator(checks, comm):
+    """The watchdog names the bound a stuck call went past; removing it, or freeing its
+    communicator, removes it; an earlier setting's remover leaves a later one in place."""
+    from fastreduce import watchdog
+    from fastreduce.backend import collectives
+
+    bounded = comm.Dup()
+    key = collectives.comm_bound_key(bounded)
+    first = watchdog.bound_communicator(bounded, 500.0, "a test's bound")
+    entry = collectives.flight_begin("waited", bounded, 1, "float32")
+    try:
+        checks.check(watchdog._bound_of(entry) == (500.0, "a test's bound"),
+                     f"named bound {watchdog._bound_of(entry)}")
+        watchdog.bound_communicator(bounded, 400.0, "a later bound")
+        first()  # the earlier setting's remover: the later one stays
+        checks.check(watchdog._bounds.get(key, (None,))[0] == 400.0,
+                     f"bounds after an earlier remover: {watchdog._bounds}")
+    finally:
+        collectives.flight_end(entry)
+        bounded.Free()
+    checks.check(key not in watchdog._bounds, "a freed communicator's bound is still held")

@@ -118,6 +118,24 @@ def test_freeing_communicators_whatever_the_mpis_attribute_pool_holds(checks):
 
 @pytest.mark.across_nodes
 @pytest.mark.minimum_versions
+@pytest.mark.mpi(ranks=2)
+def test_the_collector_frees_no_communicator(checks):
+    """A partition the garbage collector takes frees its communicator at the next partition
+    made, never in the collector's pass: that pass runs at any allocation, also inside an
+    mpi4py call holding mpi4py's lock table (a communicator's first comm.allgather), where
+    freeing a communicator waits for that lock forever (a 2-rank MPICH job hung so)."""
+    import gc
+
+    partition = fastreduce.Partition().create_partition_inclusive(range(p))
+    owned = partition.comm
+    partition.cycle = partition  # the collector's to take, not the reference count's
+    del partition
+    gc.collect()
+    checks.check(owned != MPI.COMM_NULL, "the collector's pass freed the communicator")
+    fastreduce.Partition().create_partition_inclusive(range(p)).deactivate()
+    checks.check(owned == MPI.COMM_NULL, "not freed at the next partition made")
+
+
 def test_inclusive_partition(checks, world):
     """The first half of the ranks; the others are inactive."""
     half = world.create_partition_inclusive(range((p + 1) // 2))
