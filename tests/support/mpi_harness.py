@@ -24,6 +24,7 @@ from hanging or diverging, so they live here (about two hundred lines).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import hashlib
 import json
@@ -127,6 +128,23 @@ class MPIHarness:
         pytest.exit("listed the sessions", returncode=0)
 
     # -- running ------------------------------------------------------------------------
+    def _uncaptured(self):
+        """A context in which stderr is the job's, not pytest's capture of it: what is
+        written just before MPI_Abort would be lost with the capture."""
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        return capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        watchdog = sys.modules.get("fastreduce.watchdog")
+        if watchdog is not None and not getattr(watchdog._say, "uncaptured", False):
+            say = watchdog._say  # a stuck call's record, printed as the watchdog ends the job
+
+            def uncaptured_say(text: str) -> None:
+                with self._uncaptured():
+                    say(text)
+            uncaptured_say.uncaptured = True
+            watchdog._say = uncaptured_say
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):
         __tracebackhide__ = True
@@ -205,6 +223,11 @@ class MPIHarness:
         return True
 
     def _timed_out(self, item: pytest.Item, seconds: float) -> None:
+        with self._uncaptured():
+            self._report_timeout(item, seconds)
+        MPI.COMM_WORLD.Abort(TIMED_OUT_EXIT)
+
+    def _report_timeout(self, item: pytest.Item, seconds: float) -> None:
         sys.stderr.write(
             f"\n{'=' * 24} TIMEOUT {'=' * 24}\n"
             f"{item.nodeid} did not finish in {seconds:g} s on rank {self.rank} of "
@@ -216,7 +239,6 @@ class MPIHarness:
         # The launcher forwards output through its own pipes and kills the job at the abort:
         # on a loaded machine, the report above can still be in flight then and be lost.
         time.sleep(1.0)
-        MPI.COMM_WORLD.Abort(TIMED_OUT_EXIT)
 
     # -- the end ------------------------------------------------------------------------
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
