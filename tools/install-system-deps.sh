@@ -3,10 +3,12 @@
 # CPU code (inductor), and for the Slurm tests a single-node
 # Slurm and the system Open MPI that speaks PMIx to it. Without root this says so and
 # does nothing; the Slurm tests then skip with the reason (outside CI). iproute2 and
-# util-linux (ip, tc, unshare) for the cluster on one machine (fastreduce.cluster).
+# util-linux (ip, tc, unshare) for the cluster on one machine (fastreduce.cluster). MPICH
+# (Debian's, 4.0) for the wheel's run on it (tests/launch/test_wheel.py); Open MPI stays the
+# system's mpicc and mpiexec (Debian ranks it first).
 set -euo pipefail
 packages=(slurmctld slurmd slurm-client libpmix2 libpmix-dev openmpi-bin libopenmpi-dev g++
-          iproute2 util-linux)
+          iproute2 util-linux mpich libmpich-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -64,6 +64,9 @@ def main(argv: list[str]) -> int:
                 # libmpi that mpi4py loaded is the one used
                 subprocess.run([patchelf, "--remove-rpath", str(target / module.name)],
                                check=True)
+                if family == "mpich":  # Debian's MPICH is libmpich.so.12: name neither
+                    subprocess.run([patchelf, "--remove-needed", "libmpi.so.12",
+                                    str(target / module.name)], check=True)
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob(f"{base.name}-*.whl"):
             old.unlink()

@@ -93,6 +93,9 @@ if [ -n "$mpis" ]; then
   if [ -x /usr/bin/mpicc ]; then
     bash "$root/tools/bootstrap.sh" system-openmpi >/dev/null || status=1
   fi
+  if [ -x /usr/bin/mpicc.mpich ]; then  # a runtime for the wheel on Debian's MPICH
+    bash "$root/tools/bootstrap.sh" system-mpich >/dev/null || status=1
+  fi
 fi
 last=${mpis##* }
 for mpi in $mpis; do

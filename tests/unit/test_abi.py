@@ -116,3 +116,32 @@ def test_variants_found_in_a_folder(tmp_path):
     (tmp_path / "_mpich" / "collectives.pyi").write_text("")  # a stub is no build
     assert variants.variants_in(str(tmp_path)) == ["openmpi"]
     assert variants.use_variant([str(tmp_path / "_openmpi")]) is None  # in place
+
+
+def maps(*paths: str) -> str:
+    """A /proc/self/maps text mapping these files (and an anonymous region)."""
+    lines = ["7f00000000-7f00001000 rw-p 00000000 00:00 0 "]
+    lines += [f"7f{i:08x}-7f{i + 1:08x} r-xp 00000000 fd:01 {1000 + i}  {p}"
+              for i, p in enumerate(paths)]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("library", [
+    "/venv/lib/libmpi.so.12",  # the MPICH wheel, MPICH, MVAPICH
+    "/usr/lib/x86_64-linux-gnu/libmpich.so.12.2.2",  # Debian's and Ubuntu's MPICH
+    "/opt/intel/mpi/lib/release/libmpi.so.12.0.0",  # Intel MPI
+    "/opt/cray/pe/mpich/lib/libmpi_gnu_123.so.12",  # Cray MPICH
+    "/opt/dir with spaces/libmpi.so.12",
+])
+def test_the_mpich_library_in_the_memory_map(library):
+    found = variants.mpich_library_in(maps("/usr/lib/libc.so.6",
+                                           "/usr/lib/x86_64-linux-gnu/libmpichcxx.so.12",
+                                           library, "/usr/lib/libm.so.6"))
+    assert found == library
+
+
+@pytest.mark.parametrize("library", ["/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.5",
+                                     "/usr/lib/x86_64-linux-gnu/libmpichfort.so.12",
+                                     "/usr/lib/libmpi.so.120"])
+def test_no_mpich_library_in_the_memory_map(library):
+    assert variants.mpich_library_in(maps(library)) is None

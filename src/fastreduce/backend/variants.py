@@ -2,24 +2,30 @@
 
 A source build puts the compiled core's modules in this package, built against the MPI
 whose mpicc built it. A wheel holds one build per MPI ABI family, each in a folder of its
-own (``_openmpi``: libmpi.so.40, Open MPI; ``_mpich``: libmpi.so.12, MPICH and its
-derivatives: Intel MPI, MVAPICH, Cray MPICH), and loads the one for the MPI that mpi4py
-loaded (``FASTREDUCE_MPIABI`` names one instead). The choice is `choose`, a pure function;
+own (``_openmpi``: libmpi.so.40, Open MPI; ``_mpich``: MPICH and its derivatives: Intel
+MPI, MVAPICH, Cray MPICH, whose library is libmpi.so.12 or, in Debian's and Ubuntu's MPICH,
+libmpich.so.12, so that build names none and takes the one mpi4py loaded), and loads the
+one for the MPI that mpi4py loaded (``FASTREDUCE_MPIABI`` names one instead). The choice is `choose`, a pure function;
 `use_variant` applies it to the package's path before any of its modules is imported.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 from importlib.machinery import EXTENSION_SUFFIXES
 
-__all__ = ["FAMILY_OF_VARIANT", "choose", "first_line", "in_use", "mpi_family", "use_variant",
-           "variants_in"]
+__all__ = ["FAMILY_OF_VARIANT", "choose", "first_line", "in_use", "mpi_family",
+           "mpich_library_in", "use_variant", "variants_in"]
 
 # A variant's folder name (without the leading "_") and the ABI family it serves.
 FAMILY_OF_VARIANT = {"openmpi": "Open MPI", "mpich": "MPICH"}
 _MPICH_FAMILY_MARKERS = ("MPICH", "Intel(R) MPI", "MVAPICH", "CRAY MPICH")
 _PROBE = "collectives"  # an extension module every build has
+# An MPICH-family libmpi: libmpi.so.12 (MPICH, Intel MPI, MVAPICH), libmpich.so.12 (Debian's
+# and Ubuntu's MPICH), libmpi_<compiler>.so.12 (Cray MPICH); not libmpichcxx, libmpichfort.
+_MPICH_LIBRARY = re.compile(r"/lib(mpi|mpich)(_[A-Za-z0-9_]+)?\.so\.12(\.[0-9.]+)?$")
 _in_use: str | None = None
 
 
@@ -67,6 +73,32 @@ def choose(available: list[str], loaded: str, forced: str | None) -> str:
         f"fastreduce`")
 
 
+def mpich_library_in(maps: str) -> str | None:
+    """The path of the MPICH-family libmpi in a process's memory map (/proc/self/maps'
+    text), or None."""
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and _MPICH_LIBRARY.search(fields[5].strip()):
+            return fields[5].strip()
+    return None
+
+
+def _share_mpich_library() -> None:
+    """The MPICH build names no libmpi (MPICH's own is libmpi.so.12, Debian's libmpich.so.12):
+    it takes MPI from the library mpi4py loaded, whose symbols are made global here."""
+    try:
+        with open("/proc/self/maps") as maps:
+            path = mpich_library_in(maps.read())
+    except OSError:
+        path = None
+    if path is None:
+        raise ImportError(
+            "fastreduce: the wheel's MPICH build takes MPI from the library mpi4py loaded, and "
+            "no MPICH-family libmpi (libmpi.so.12, libmpich.so.12) is in this process; make "
+            "mpi4py load one (mpi4py's MPI4PY_LIBMPI), or build fastreduce from source")
+    ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+
+
 def _has_core(folder: str) -> bool:
     """Whether the compiled core's modules are in folder (not only their stubs)."""
     return any(os.path.exists(os.path.join(folder, _PROBE + suffix))
@@ -97,6 +129,8 @@ def use_variant(path: list[str]) -> str | None:
 
     _in_use = choose(found, MPI.Get_library_version(),
                      os.environ.get("FASTREDUCE_MPIABI") or None)
+    if _in_use == "mpich":
+        _share_mpich_library()
     path.insert(0, os.path.join(folder, f"_{_in_use}"))
     return _in_use
 
