@@ -2,8 +2,9 @@
 the venvs' builds, installed without a compiler (unpacked into a folder first on the path),
 it loads the build for the MPI that mpi4py loaded and moves data right, on the Open MPI
 5.0 wheel, Debian's Open MPI 4.1 (the build the wheel holds is made against it), the
-MPICH 5.0 wheel (the build is made against it) and Debian's MPICH 4.0 (libmpich.so.12); where it holds no build for that MPI, or FASTREDUCE_MPIABI names one of
-another family, the import says so in one ImportError."""
+MPICH 5.0 wheel (the build is made against it) and Debian's MPICH 4.0 (libmpich.so.12);
+where it holds no build for that MPI, or FASTREDUCE_MPIABI names one of another family,
+the import says so in one ImportError."""
 
 import os
 import subprocess

@@ -145,3 +145,9 @@ def test_the_mpich_library_in_the_memory_map(library):
                                      "/usr/lib/libmpi.so.120"])
 def test_no_mpich_library_in_the_memory_map(library):
     assert variants.mpich_library_in(maps(library)) is None
+
+
+def test_an_mpich_build_with_no_mpich_library_loaded():
+    with pytest.raises(ImportError, match=r"no MPICH-family libmpi \(libmpi.so.12, "
+                       r"libmpich.so.12\) is in this process; make mpi4py load one"):
+        variants.share_mpich_library(maps("/usr/lib/x86_64-linux-gnu/libmpi.so.40"))

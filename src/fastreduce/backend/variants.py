@@ -5,8 +5,9 @@ whose mpicc built it. A wheel holds one build per MPI ABI family, each in a fold
 own (``_openmpi``: libmpi.so.40, Open MPI; ``_mpich``: MPICH and its derivatives: Intel
 MPI, MVAPICH, Cray MPICH, whose library is libmpi.so.12 or, in Debian's and Ubuntu's MPICH,
 libmpich.so.12, so that build names none and takes the one mpi4py loaded), and loads the
-one for the MPI that mpi4py loaded (``FASTREDUCE_MPIABI`` names one instead). The choice is `choose`, a pure function;
-`use_variant` applies it to the package's path before any of its modules is imported.
+one for the MPI that mpi4py loaded (``FASTREDUCE_MPIABI`` names one instead). The choice is
+`choose`, a pure function; `use_variant` applies it to the package's path before any of
+its modules is imported.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 from importlib.machinery import EXTENSION_SUFFIXES
 
 __all__ = ["FAMILY_OF_VARIANT", "choose", "first_line", "in_use", "mpi_family",
-           "mpich_library_in", "use_variant", "variants_in"]
+           "mpich_library_in", "share_mpich_library", "use_variant", "variants_in"]
 
 # A variant's folder name (without the leading "_") and the ABI family it serves.
 FAMILY_OF_VARIANT = {"openmpi": "Open MPI", "mpich": "MPICH"}
@@ -83,20 +84,26 @@ def mpich_library_in(maps: str) -> str | None:
     return None
 
 
-def _share_mpich_library() -> None:
-    """The MPICH build names no libmpi (MPICH's own is libmpi.so.12, Debian's libmpich.so.12):
-    it takes MPI from the library mpi4py loaded, whose symbols are made global here."""
-    try:
-        with open("/proc/self/maps") as maps:
-            path = mpich_library_in(maps.read())
-    except OSError:
-        path = None
+def share_mpich_library(maps: str) -> str:
+    """Make the symbols of the MPICH-family libmpi in `maps` (/proc/self/maps' text: the
+    one mpi4py loaded) global, for the MPICH build, which names no libmpi (MPICH's own is
+    libmpi.so.12, Debian's libmpich.so.12); returns its path."""
+    path = mpich_library_in(maps)
     if path is None:
         raise ImportError(
             "fastreduce: the wheel's MPICH build takes MPI from the library mpi4py loaded, and "
             "no MPICH-family libmpi (libmpi.so.12, libmpich.so.12) is in this process; make "
             "mpi4py load one (mpi4py's MPI4PY_LIBMPI), or build fastreduce from source")
     ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+    return path
+
+
+def _memory_map() -> str:
+    try:
+        with open("/proc/self/maps") as maps:
+            return maps.read()
+    except OSError:  # not Linux: the wheel is Linux's
+        return ""
 
 
 def _has_core(folder: str) -> bool:
@@ -130,7 +137,7 @@ def use_variant(path: list[str]) -> str | None:
     _in_use = choose(found, MPI.Get_library_version(),
                      os.environ.get("FASTREDUCE_MPIABI") or None)
     if _in_use == "mpich":
-        _share_mpich_library()
+        share_mpich_library(_memory_map())
     path.insert(0, os.path.join(folder, f"_{_in_use}"))
     return _in_use
 
