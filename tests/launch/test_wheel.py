@@ -10,6 +10,7 @@ the import says so in one ImportError."""
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,10 @@ def wheels(tmp_path_factory):
     done = subprocess.run(["bash", str(ROOT / "tools" / "wheel.sh"), str(out)],
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
-    return Path(done.stdout.strip().splitlines()[-1]), out
+    merged = Path(done.stdout.strip().splitlines()[-1])
+    assert "-manylinux_2_" in merged.name, merged.name  # auditwheel's tag, libmpi not grafted
+    assert not any(n.startswith("fastreduce.libs/") for n in zipfile.ZipFile(merged).namelist())
+    return merged, out
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))

@@ -531,7 +531,8 @@ def test_backend_per_device(world, checks):
 
 def test_profiler_events(world, checks):
     """One event per operation, named as torch's backends name theirs, with the input
-    shapes; an operation made of others (all_to_all of all_to_all_single) records one."""
+    shapes, asynchronous as theirs are (blocking operations too); an operation made of
+    others (all_to_all of all_to_all_single) records one."""
     from torch.autograd import profiler
 
     t = make(world.rank, (4, 3), torch.float32)
@@ -555,11 +556,14 @@ def test_profiler_events(world, checks):
                  f"events {counts}")
     shapes = [e.input_shapes for e in events.get("fastreduce:all_reduce", [])]
     checks.check(shapes == [[[4, 3]], [[4, 3]]], f"all_reduce shapes {shapes}")
+    blocking = [name for name, es in events.items() for e in es if not e.is_async]
+    checks.check(not blocking, f"events not asynchronous (torch's backends' are): {blocking}")
 
 
 def test_profiler_event_of_background_work_ends_when_it_completes(world, checks):
-    """An all-reduce run on the progress engine (256 KiB, async_op): its event is
-    asynchronous and ends when the work completes, not when the profiler stops."""
+    """An all-reduce run on the progress engine (256 KiB, async_op; where the engine is
+    off, at once): its event is asynchronous and ends when the work completes, not when
+    the profiler stops."""
     import time
 
     from torch.autograd import profiler
@@ -581,8 +585,7 @@ def test_profiler_event_of_background_work_ends_when_it_completes(world, checks)
         lasted = e.time_range.elapsed_us() / 1e6
         checks.check(lasted < waited + 0.25, f"the event lasted {lasted:.3f} s, the work "
                                              f"{waited:.3f} s: it ended at the profile's end")
-        on_engine = engine.state()[0] and 0 <= engine.host_bytes() <= t.nbytes
-        checks.check(e.is_async == on_engine, f"is_async {e.is_async}")
+        checks.check(e.is_async, "not asynchronous (every operation's event is)")
 
 
 def test_profile_read_at_once_after_wait_of_background_work(world, checks):
@@ -652,6 +655,25 @@ def test_isend_irecv_ring(world, checks, ring):
         checks.check(same(got, make(left, (6,), torch.float32)), "isend/irecv ring")
 
     checks.run("p2p isend/irecv ring", body)
+
+
+def test_profiler_events_of_point_to_point_work(world, checks, ring):
+    """isend/irecv waited for on the caller's thread: one asynchronous event each, ended
+    before wait() returns, the result intact."""
+    from torch.autograd import profiler
+
+    right, left = ring
+    x = make(world.rank, (6,), torch.float32)
+    got = torch.empty(6)
+    with profiler.profile() as prof:
+        reqs = [dist.isend(x, dst=right, tag=5), dist.irecv(got, src=left, tag=5)]
+        for req in reqs:
+            req.wait()
+    events = [(e.name, e.is_async) for e in prof.function_events
+              if e.name in ("fastreduce:send", "fastreduce:recv")]
+    checks.check(sorted(events) == [("fastreduce:recv", True), ("fastreduce:send", True)],
+                 f"events {events}")
+    checks.check(same(got, make(left, (6,), torch.float32)), "isend/irecv under the profiler")
 
 
 def test_batch_isend_irecv(world, checks, ring):

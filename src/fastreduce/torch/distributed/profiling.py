@@ -1,21 +1,89 @@
 """Profiler events for the backend's operations, named as torch's backends name theirs
-("fastreduce:all_reduce"), with the input tensors' shapes; recorded only while torch's
-profiler runs (otherwise one check per call)."""
+("fastreduce:all_reduce"), with the input tensors' shapes, asynchronous as theirs are;
+recorded only while torch's profiler runs (otherwise one check per call)."""
 
 from __future__ import annotations
 
 import functools
+import queue
+import sys
 import threading
+import traceback
 
 import torch
 
 _enabled = torch._C._autograd._profiler_enabled
 _enter = torch._C._autograd._record_function_with_args_enter
 _exit = torch._C._autograd._record_function_with_args_exit
-# ends the event when the future completes, on whichever thread: the profiler's state
-# goes with it (a plain done-callback on the engine's thread would record no end)
+# ends the event when the future completes, on the thread that completes it: the
+# profiler's state goes with it (a plain done-callback on another thread records no end)
 _exit_on = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction
 _inside = threading.local()  # an operation made of others records one event
+# Torch's backends' events are asynchronous (their work ends on a worker thread), and the
+# profiler keeps such events out of the CPU operators' tree: every operation's event is
+# ended on the ender's thread to be one too (a blocking operation's at once).
+_to_end: queue.SimpleQueue = queue.SimpleQueue()  # (callable, its argument), run in order
+_ender: threading.Thread | None = None
+_ender_lock = threading.Lock()
+
+
+def _ending() -> None:
+    while True:
+        call, argument = _to_end.get()
+        try:
+            call(argument)
+        except BaseException:  # noqa: BLE001  (the thread must live on: others wait on it)
+            print("fastreduce: ending a profiler event failed:", file=sys.stderr)
+            traceback.print_exc()
+
+
+def _on_ender(call, argument) -> None:
+    """Run call(argument) on the ender's thread (started at the first event)."""
+    global _ender
+    if _ender is None:
+        with _ender_lock:
+            if _ender is None:
+                _ender = threading.Thread(target=_ending, name="fastreduce-profiler",
+                                          daemon=True)
+                _ender.start()
+    _to_end.put((call, argument))
+
+
+def _end_async(handle) -> None:
+    """End the event now, on the ender's thread (an asynchronous event)."""
+    done = torch.futures.Future()
+    _exit_on(handle, done)
+    ended = threading.Lock()
+    ended.acquire()
+    _on_ender(_complete_then_release, (done, ended))
+    ended.acquire()  # (a thread hop: some 80 us a call on a 2-core VM, while profiling)
+
+
+def _complete_then_release(pair) -> None:
+    done, ended = pair
+    try:
+        done.set_result(None)
+    finally:
+        ended.release()
+
+
+def _end_async_on(handle, future: torch.futures.Future) -> torch.futures.Future:
+    """End the event on the ender's thread once `future` completes (whichever thread
+    completes it); returns the future that completes after that end, with future's value."""
+    relay = torch.futures.Future()
+    ended = _exit_on(handle, relay)
+    future.add_done_callback(lambda done: _on_ender(_pass_on, (done, relay)))
+    return ended
+
+
+def _pass_on(pair) -> None:
+    source, target = pair
+    try:
+        value = source.value()
+    except BaseException as exc:  # noqa: BLE001  (the operation's error goes on with it)
+        target.set_exception(exc)
+    else:
+        target.set_result(value)
 
 
 def _tensors(arg) -> list[torch.Tensor]:
@@ -48,9 +116,9 @@ def profiled(backend: str, event: str, inputs: int | None = 0):
                 _inside.active = False
             future = work._pending_future()
             if future is None:
-                _exit(handle)
+                _end_async(handle)
             else:
-                work._set_profiled(_exit_on(handle, future))
+                work._set_profiled(_end_async_on(handle, future))
             return work
 
         return run
