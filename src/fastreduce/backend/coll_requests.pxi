@@ -317,7 +317,7 @@ cdef Request _start(const void* sendbuf, char* recvbuf, int64_t count, const Red
     cdef Request req = Request.__new__(Request)
     cdef int64_t limit = count_limit()
     cdef int64_t chunks = 1
-    if count > limit and not (FASTREDUCE_HAVE_LARGE_COUNT and red.predefined):
+    if count > limit and not (red.predefined and fr_have_large_count()):
         chunks = (count + limit - 1) // limit
     req.handles = <MPI_Request*>malloc(chunks * sizeof(MPI_Request))
     if req.handles == NULL:

@@ -109,4 +109,4 @@ def mpi_reduction(x, op="sum") -> tuple:
     return datatype, mpi_op
 
 
-HAVE_LARGE_COUNT = bool(FASTREDUCE_HAVE_LARGE_COUNT)
+HAVE_LARGE_COUNT = bool(fr_have_large_count())

@@ -124,7 +124,7 @@ cdef extern from "mpicompat.h" nogil:
     int MPI_Testall(int, MPI_Request*, int*, MPI_Status*)
 
     # _mpicompat.h
-    enum: FASTREDUCE_HAVE_LARGE_COUNT
+    int fr_have_large_count() nogil
     const char* FR_MPI_FAMILY
     const char* FR_MPI_BUILD_VERSION
     MPI_Datatype FR_MPIX_FLOAT16

@@ -7,13 +7,13 @@
 #ifndef FASTREDUCE_MPICOMPAT_H
 #define FASTREDUCE_MPICOMPAT_H
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr, RTLD_DEFAULT */
+#endif
+#include <dlfcn.h>
 #include <mpi.h>
 #if defined(OPEN_MPI) && OPEN_MPI
 #include <mpi-ext.h> /* MPIX_C_FLOAT16 lives in Open MPI's shortfloat extension */
-#endif
-
-#ifndef FASTREDUCE_HAVE_LARGE_COUNT
-#define FASTREDUCE_HAVE_LARGE_COUNT 0
 #endif
 
 /* 16-bit floating types of the MPI itself, or MPI_DATATYPE_NULL. */
@@ -52,30 +52,59 @@
 #define FR_MPI_BUILD_VERSION "unknown MPI"
 #endif
 
-/* MPI_Allreduce_c where the MPI has MPI-4 large-count bindings; elsewhere
- * the caller chunks and this is never reached. */
+/* MPI-4's large-count bindings, looked up at run time in the MPI the process loaded:
+ * a build against an MPI without them (the wheel's Open MPI build, made against 4.1)
+ * uses them where the MPI at run time has them (Open MPI 5), and no build names a
+ * symbol an older MPI lacks. The process's global scope first (a PMPI tool preloaded
+ * there wraps them), then the library MPI_Allreduce comes from. */
+typedef int (*fr_allreduce_c_fn)(const void *, void *, MPI_Count, MPI_Datatype, MPI_Op,
+                                 MPI_Comm);
+typedef int (*fr_iallreduce_c_fn)(const void *, void *, MPI_Count, MPI_Datatype, MPI_Op,
+                                  MPI_Comm, MPI_Request *);
+static fr_allreduce_c_fn fr_allreduce_c = NULL;
+static fr_iallreduce_c_fn fr_iallreduce_c = NULL;
+static int fr_large_count_state = -1; /* -1: not looked up yet */
+
+static inline void *fr_mpi_symbol(const char *name)
+{
+  void *found = dlsym(RTLD_DEFAULT, name);
+  Dl_info info;
+  if (found == NULL && dladdr((void *)&MPI_Allreduce, &info) && info.dli_fname != NULL) {
+    void *lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (lib != NULL) {
+      found = dlsym(lib, name);
+      dlclose(lib); /* (RTLD_NOLOAD: only the reference just taken) */
+    }
+  }
+  return found;
+}
+
+/* 1 where the MPI loaded has MPI_Allreduce_c and MPI_Iallreduce_c (looked up once). */
+static inline int fr_have_large_count(void)
+{
+  if (fr_large_count_state < 0) {
+    fr_allreduce_c = (fr_allreduce_c_fn)fr_mpi_symbol("MPI_Allreduce_c");
+    fr_iallreduce_c = (fr_iallreduce_c_fn)fr_mpi_symbol("MPI_Iallreduce_c");
+    fr_large_count_state = fr_allreduce_c != NULL && fr_iallreduce_c != NULL;
+  }
+  return fr_large_count_state;
+}
+
+/* MPI_Allreduce_c where fr_have_large_count(); elsewhere the caller chunks and this is
+ * never reached. */
 static inline int fr_allreduce_large(const void *sendbuf, void *recvbuf, MPI_Count count,
                                      MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
 {
-#if FASTREDUCE_HAVE_LARGE_COUNT
-  return MPI_Allreduce_c(sendbuf, recvbuf, count, datatype, op, comm);
-#else
-  (void)sendbuf; (void)recvbuf; (void)count; (void)datatype; (void)op; (void)comm;
-  return MPI_ERR_COUNT;
-#endif
+  if (!fr_have_large_count()) return MPI_ERR_COUNT;
+  return fr_allreduce_c(sendbuf, recvbuf, count, datatype, op, comm);
 }
 
 static inline int fr_iallreduce_large(const void *sendbuf, void *recvbuf, MPI_Count count,
                                       MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                                       MPI_Request *request)
 {
-#if FASTREDUCE_HAVE_LARGE_COUNT
-  return MPI_Iallreduce_c(sendbuf, recvbuf, count, datatype, op, comm, request);
-#else
-  (void)sendbuf; (void)recvbuf; (void)count; (void)datatype; (void)op; (void)comm;
-  (void)request;
-  return MPI_ERR_COUNT;
-#endif
+  if (!fr_have_large_count()) return MPI_ERR_COUNT;
+  return fr_iallreduce_c(sendbuf, recvbuf, count, datatype, op, comm, request);
 }
 
-#endif /* FASTREDUCE_MPICOMPAT_H */
+#endif

@@ -29,18 +29,20 @@ def linked_library_version() -> str:
 
 cdef extern from *:
     """
-    #if defined(OPEN_MPI) && OPEN_MPI && defined(OMPI_HAVE_MPI_EXT_CUDA) && OMPI_HAVE_MPI_EXT_CUDA
-    #define FR_CUDA_QUERY 1
-    static int fr_cuda_query(int *answer) { *answer = MPIX_Query_cuda_support(); return 1; }
-    #elif defined(MPICH) && defined(MPIX_GPU_SUPPORT_CUDA)
-    #define FR_CUDA_QUERY 2
+    /* The MPI's own CUDA-support query, looked up at run time in the MPI loaded (as the
+     * large-count calls are: mpicompat.h): MPICH's MPIX_GPU_query_support (CUDA is 0 in
+     * its enumeration), else MPIX_Query_cuda_support (Open MPI's CUDA extension, MPICH).
+     * Returns 2 or 1 for the one that answered, 0 where the MPI has neither. */
+    typedef int (*fr_gpu_query_fn)(int, int *);
+    typedef int (*fr_cuda_query_fn)(void);
     static int fr_cuda_query(int *answer) {
-      return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, answer) == MPI_SUCCESS ? 2 : 0;
+      fr_gpu_query_fn gpu = (fr_gpu_query_fn)fr_mpi_symbol("MPIX_GPU_query_support");
+      fr_cuda_query_fn cuda = (fr_cuda_query_fn)fr_mpi_symbol("MPIX_Query_cuda_support");
+      *answer = 0;
+      if (gpu != NULL) return gpu(0, answer) == MPI_SUCCESS ? 2 : 0;
+      if (cuda != NULL) { *answer = cuda(); return 1; }
+      return 0;
     }
-    #else
-    #define FR_CUDA_QUERY 0
-    static int fr_cuda_query(int *answer) { *answer = 0; return 0; }
-    #endif
     """
     int fr_cuda_query(int* answer)
 

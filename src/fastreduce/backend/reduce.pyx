@@ -125,7 +125,7 @@ cdef int _run_mpi(const void* sendbuf, char* recvbuf, int64_t count, const Reduc
         if count <= limit:
             fr_thread_mpi_calls += 1
             ierr = MPI_Allreduce(sendbuf, recvbuf, <int>count, red.datatype, red.op, comm)
-        elif FASTREDUCE_HAVE_LARGE_COUNT and red.predefined and limit == _count_limit:
+        elif red.predefined and fr_have_large_count() and limit == _count_limit:
             fr_thread_mpi_calls += 1
             ierr = fr_allreduce_large(sendbuf, recvbuf, count, red.datatype, red.op, comm)
         else:
@@ -196,7 +196,7 @@ def _call_plan(int64_t count, int itemsize) -> list:
     bytes with MPI's own ops (the settings in force now): for a caller that must make the
     same calls as the other ranks after a local failure."""
     cdef int64_t step = _step(count, itemsize, _segment_bytes)
-    if count <= step or (step == _count_limit and FASTREDUCE_HAVE_LARGE_COUNT):
+    if count <= step or (step == _count_limit and fr_have_large_count()):
         return [count]
     return [min(step, count - offset) for offset in range(0, count, step)]
 

@@ -1,5 +1,6 @@
 """Run from a merged wheel (tools/wheel.sh): the build for the MPI that mpi4py loaded is
-the one in use, and the core's all-reduce, all-gather and broadcast give the right data;
+the one in use, and the core's all-reduce (above the int count limit too), all-gather and
+broadcast give the right data;
 so do a request the progress engine runs and, with torch installed, the torch.distributed
 backend and Horovod's API. argv[1]: the variant expected ("openmpi" or "mpich"); run with
 FASTREDUCE_ENGINE_HOST_BYTES=0 (every non-blocking host request on the engine)."""
@@ -11,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 import fastreduce
-from fastreduce.backend import collectives, engine, variants
+from fastreduce.backend import collectives, engine, reduce, variants
 
 rank, size = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
 want = sys.argv[1]
@@ -25,6 +26,16 @@ assert g.tolist() == [float(r) for r in range(size) for _ in range(3)], g
 b = np.arange(4, dtype=np.int32) * (rank + 1)
 fastreduce.broadcast_(b, size - 1)
 assert b.tolist() == [i * size for i in range(4)], b
+# above the int count limit (lowered to 5 here): one MPI_Allreduce_c where the MPI loaded
+# has it (looked up at run time), else chunks
+limit = reduce._set_count_limit(5)
+try:
+    z = np.full(100, rank + 1, np.int32)
+    fastreduce.allreduce_(z)
+finally:
+    reduce._set_count_limit(limit)
+assert z.tolist() == [size * (size + 1) // 2] * 100, z[:3]
+large = "MPI_Allreduce_c" if fastreduce.HAVE_LARGE_COUNT else "chunked"
 cases = ["core"]
 
 if engine.state()[0]:  # MPI_THREAD_MULTIPLE: the engine's thread and its duplicate
@@ -58,4 +69,5 @@ if importlib.util.find_spec("torch") is not None:
     hvd.shutdown()
     cases.append("horovod")
 
-print(f"rank {rank}: {variants.in_use()}, {size} ranks, {'+'.join(cases)}: ok", flush=True)
+print(f"rank {rank}: {variants.in_use()}, {size} ranks, large counts: {large}, "
+      f"{'+'.join(cases)}: ok", flush=True)
