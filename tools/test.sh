@@ -61,11 +61,12 @@ if [ "${#single[@]}" -eq 0 ] && [ "${#multi[@]}" -eq 0 ]; then default_paths=1; 
 timings=()
 
 # Each venv holds torch (the CPU build: 1.3 GB; the minimum versions' torch 2.4.0 and the
-# newest torch are CUDA builds: 5 and 5.5 GB): a full run needs about 16 GB. Say so first, so that a set-up that fails for
+# newest torch are CUDA builds: 5 and 5.5 GB; and the Debian MPICH runtime's): a full run
+# needs about 18 GB. Say so first, so that a set-up that fails for
 # want of room is read as that.
 free_gb=$(df -Pk "$root" | awk 'NR == 2 {print int($4 / 1048576)}')
-echo "=== ${free_gb} GB free where the venvs go ($root); a full run needs about 16 ==="
-if [ "${free_gb:-0}" -lt 16 ]; then
+echo "=== ${free_gb} GB free where the venvs go ($root); a full run needs about 18 ==="
+if [ "${free_gb:-0}" -lt 18 ]; then
   echo "=== warning: the venvs may not fit: free some room (old clones, build folders) ===" >&2
 fi
 

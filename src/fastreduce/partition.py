@@ -62,24 +62,28 @@ def _free_owned(comm: MPI.Comm) -> None:
         comm.Free()
 
 
-# Communicators of partitions the garbage collector took, freed at the next partition made
-# or deactivated. Never from the collector itself: it runs at any allocation, also inside
-# an mpi4py call that holds mpi4py's communicator-lock table (comm.allgather's first use on
-# a communicator), and freeing a communicator there waits for that lock forever.
+# Communicators of partitions dropped (by the reference count or the garbage collector),
+# freed at the next partition made or deactivated (on ranks that make none, at exit).
+# Never at the drop: the collector runs at any allocation, also inside an mpi4py call that
+# holds mpi4py's communicator-lock table (comm.allgather's first use on a communicator),
+# and freeing a communicator there waits for that lock forever.
 _collected: collections.deque[MPI.Comm] = collections.deque()
 
 
 def _free_collected() -> None:
     """Free the communicators of partitions collected since the last call."""
-    while _collected:
-        _free_owned(_collected.popleft())
+    while True:
+        try:
+            comm = _collected.popleft()
+        except IndexError:  # (another thread may have taken the last)
+            return
+        _free_owned(comm)
 
 
 def _owning(partition: Partition, comm: MPI.Comm) -> Partition:
     """The partition owns comm, which it made: freed with deactivate(), or after the
-    partition is garbage-collected (at the next partition made), so partitions made and
-    dropped in a loop do not exhaust the MPI's communicators (MPICH has about 2048)."""
-    _free_collected()
+    partition is dropped (at the next partition made), so partitions made and dropped in
+    a loop do not exhaust the MPI's communicators (MPICH has about 2048)."""
     partition._owned = weakref.finalize(partition, _collected.append, comm)
     return partition
 
@@ -108,6 +112,7 @@ class Partition:
     """A set of workers over an mpi4py intracommunicator; inactive where comm is COMM_NULL."""
 
     def __init__(self, comm: MPI.Intracomm | None = None):
+        _free_collected()
         if comm is None:
             comm = default_comm()
         if not isinstance(comm, MPI.Comm):

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from mpi4py import MPI
 
 from . import settings
-from .backend import collectives, commattr
+from .backend import collectives
 
 __all__ = ["DEFAULT_TIMEOUT", "bound_communicator", "flight_record", "format_record", "recorded",
            "set_timeout", "timeout"]
@@ -43,11 +43,11 @@ _timeout: float | None = None
 _size = 64
 _thread: threading.Thread | None = None
 # Reentrant: a process group the garbage collector takes while this thread holds it removes
-# its bound from inside (weakref.finalize), as does a bounded communicator freed then.
+# its bound from inside (weakref.finalize).
 _lock = threading.RLock()
-# comm_bound_key(comm): (seconds, what set it, the token of that setting)
+# comm_bound_key(comm): (seconds, what set it, the token of that setting); the compiled
+# core's table (set_comm_bound) is what counts: a freed communicator's bound no longer does
 _bounds: dict[int, tuple[float, str, object]] = {}
-_freed_keyval: int | None = None  # the attribute that removes a bound when its comm is freed
 _poll = 1.0  # seconds between the watchdog's looks (_period(), kept as the bounds change)
 _FIELDS = ("number", "call", "comm", "count", "dtype", "started", "waiting_since", "state")
 
@@ -124,9 +124,8 @@ def bound_communicator(comm, seconds: float | None,
     """End the job also when a collective on comm is waited for longer than `seconds` (the
     sooner of this and timeout() applies, even with timeout() off); None removes the
     bound. `source` names it in the message. Every rank of comm should give the same.
-    Returns what removes the bound; freeing comm removes it too (a later communicator that
-    MPI gives the same handle starts unbounded)."""
-    global _freed_keyval
+    Returns what removes the bound; once comm is freed (comm.Free()) the bound no longer
+    counts (a later communicator that MPI gives the same handle starts unbounded)."""
     if seconds is not None and not 0 < float(seconds) <= settings.MAX_SECONDS:
         raise ValueError(f"fastreduce: bound of {seconds} s on a communicator: give seconds "
                          f"> 0, or None")
@@ -141,15 +140,8 @@ def bound_communicator(comm, seconds: float | None,
     with _lock:
         collectives.set_comm_bound(comm, float(seconds))
         _bounds[key] = (float(seconds), source, token)
-        if _freed_keyval is None:
-            _freed_keyval = commattr.create_keyval(_on_freed)
-        commattr.set_attr(comm, _freed_keyval, (key, token))  # (an earlier one's: a no-op)
     _watch_while_bounded()
     return lambda: _forget_bound(key, token)
-
-
-def _on_freed(setting: tuple[int, object]) -> None:
-    _forget_bound(*setting)  # no MPI call: MPICH runs this inside another MPI call
 
 
 def _forget_bound(key: int, token: object) -> None:
@@ -178,7 +170,8 @@ def _watch_while_bounded() -> None:
 
 def _period() -> float:
     """Seconds between the watchdog's looks: a quarter of the shortest bound, at most 1."""
-    limits = [b for b, *_ in _bounds.values()] + ([_timeout] if _timeout else [])
+    # (a copy: a finalizer the collector runs meanwhile may remove a bound)
+    limits = [held[0] for held in list(_bounds.values())] + ([_timeout] if _timeout else [])
     return min([1.0, *(b / 4 for b in limits)])
 
 
@@ -187,9 +180,10 @@ def _bound_of(number: int) -> tuple[float, str]:
     limit, source = _timeout, "FASTREDUCE_TIMEOUT"
     for entry, _, comm, *_ in collectives.flight_entries():
         if entry == number and comm is not None and collectives.comm_is_live(comm):
-            own = _bounds.get(collectives.comm_bound_key(comm))
-            if own is not None and (limit is None or own[0] < limit):
-                limit, source, _ = own
+            own = collectives.comm_bound_seconds(comm)  # 0.0: none that counts
+            if own and (limit is None or own < limit):
+                held = _bounds.get(collectives.comm_bound_key(comm))
+                limit, source = own, held[1] if held else "its own bound"
     return limit, source
 
 
@@ -197,7 +191,8 @@ def _watch() -> None:
     # allocates nothing while nothing is stuck (the look at the record is in C)
     while True:
         time.sleep(_poll)
-        stuck = collectives.flight_stuck(_timeout or 0.0) if _timeout or _bounds else None
+        timeout = _timeout  # (read once: set_timeout may change it meanwhile)
+        stuck = collectives.flight_stuck(timeout or 0.0) if timeout or _bounds else None
         if stuck is None:
             continue
         limit, source = _bound_of(stuck)

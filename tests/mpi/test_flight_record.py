@@ -133,13 +133,15 @@ def test_a_communicators_own_bound(checks, comm, monkeypatch):
 
 
 def test_a_bound_is_named_and_goes_with_its_communicator(checks, comm):
-    """The watchdog names the bound a stuck call went past; removing it, or freeing its
-    communicator, removes it; an earlier setting's remover leaves a later one in place."""
+    """The watchdog names the bound a stuck call went past; an earlier setting's remover
+    leaves a later one in place; once its communicator is freed the bound no longer
+    counts, also for another object holding the same handle (as a new communicator that
+    MPI gives the freed one's handle does)."""
     from fastreduce import watchdog
     from fastreduce.backend import collectives
 
     bounded = comm.Dup()
-    key = collectives.comm_bound_key(bounded)
+    alias = type(bounded).fromhandle(bounded.handle)  # the same handle, another object
     first = watchdog.bound_communicator(bounded, 500.0, "a test's bound")
     entry = collectives.flight_begin("waited", bounded, 1, "float32")
     try:
@@ -147,9 +149,12 @@ def test_a_bound_is_named_and_goes_with_its_communicator(checks, comm):
                      f"named bound {watchdog._bound_of(entry)}")
         watchdog.bound_communicator(bounded, 400.0, "a later bound")
         first()  # the earlier setting's remover: the later one stays
-        checks.check(watchdog._bounds.get(key, (None,))[0] == 400.0,
-                     f"bounds after an earlier remover: {watchdog._bounds}")
+        checks.check(collectives.comm_bound_seconds(alias) == 400.0,
+                     f"bound after an earlier remover: {collectives.comm_bound_seconds(alias)}")
     finally:
         collectives.flight_end(entry)
         bounded.Free()
-    checks.check(key not in watchdog._bounds, "a freed communicator's bound is still held")
+    checks.check(collectives.comm_bound_seconds(alias) == 0.0,
+                 f"a freed communicator's handle is still bounded "
+                 f"({collectives.comm_bound_seconds(alias)} s)")
+    watchdog.bound_communicator(alias, None)  # (its entries go; nothing counted them)

@@ -116,8 +116,6 @@ def test_freeing_communicators_whatever_the_mpis_attribute_pool_holds(checks):
                  f"their communicator")
 
 
-@pytest.mark.across_nodes
-@pytest.mark.minimum_versions
 @pytest.mark.mpi(ranks=2)
 def test_the_collector_frees_no_communicator(checks):
     """A partition the garbage collector takes frees its communicator at the next partition
@@ -136,6 +134,8 @@ def test_the_collector_frees_no_communicator(checks):
     checks.check(owned == MPI.COMM_NULL, "not freed at the next partition made")
 
 
+@pytest.mark.across_nodes
+@pytest.mark.minimum_versions
 def test_inclusive_partition(checks, world):
     """The first half of the ranks; the others are inactive."""
     half = world.create_partition_inclusive(range((p + 1) // 2))

@@ -207,10 +207,15 @@ def flight_entries() -> list:
 
 # Bounds of their own on some communicators (a torch.distributed group's timeout), in C so
 # that the watchdog's look at the record allocates nothing (a thread that allocates every
-# second shows in every measurement of allocations).
+# second shows in every measurement of allocations). Each keeps the mpi4py object it was set
+# on, and counts only while that object still holds the handle: once it is freed
+# (Comm.Free() sets its handle to MPI_COMM_NULL), a new communicator that MPI gives the same
+# handle is not bounded by it. No MPI attribute is used for that: a delete callback that
+# needs the GIL can deadlock with a thread that holds the GIL and waits in MPI.
 ctypedef struct CommBound:
     intptr_t handle
     double seconds
+    PyObject* comm  # a reference, dropped with the bound
 
 cdef CommBound* _bounds = NULL
 cdef int _nbounds = 0
@@ -227,7 +232,10 @@ def set_comm_bound(comm, double seconds) -> int:
     if seconds <= 0:
         raise ValueError(f"fastreduce: a bound of {seconds} s: give seconds > 0")
     for i in range(_nbounds):
-        if _bounds[i].handle == handle:
+        if _bounds[i].handle == handle:  # (the same communicator, or a freed one's handle)
+            Py_INCREF(comm)
+            Py_XDECREF(_bounds[i].comm)
+            _bounds[i].comm = <PyObject*>comm
             _bounds[i].seconds = seconds
             return handle
     if _nbounds == _bounds_room:
@@ -235,8 +243,10 @@ def set_comm_bound(comm, double seconds) -> int:
         if grown == NULL:
             raise MemoryError("fastreduce: out of memory for the communicators' bounds")
         _bounds, _bounds_room = grown, max(16, 2 * _bounds_room)
+    Py_INCREF(comm)
     _bounds[_nbounds].handle = handle
     _bounds[_nbounds].seconds = seconds
+    _bounds[_nbounds].comm = <PyObject*>comm
     _nbounds += 1
     return handle
 
@@ -250,11 +260,21 @@ def clear_comm_bound(intptr_t key) -> None:
     """Remove the bound set_comm_bound returned `key` for (none: nothing)."""
     global _nbounds
     cdef int i
+    cdef PyObject* comm
     for i in range(_nbounds):
         if _bounds[i].handle == key:
+            comm = _bounds[i].comm
             _nbounds -= 1
             _bounds[i] = _bounds[_nbounds]
+            Py_XDECREF(comm)  # (last: a finalizer it runs may set or clear bounds)
             return
+
+
+def comm_bound_seconds(comm) -> float:
+    """comm's own bound in seconds, 0.0 where it has none (or its bound's communicator
+    was freed)."""
+    cdef double limit = _bound_of(comm, 0.0)
+    return 0.0 if limit == INFINITY else limit
 
 
 cdef double _bound_of(object comm, double timeout):
@@ -265,7 +285,8 @@ cdef double _bound_of(object comm, double timeout):
     if _nbounds and comm is not None:
         handle = <intptr_t>(<MPI.Comm>comm).ob_mpi
         for i in range(_nbounds):
-            if _bounds[i].handle == handle and _bounds[i].seconds < limit:
+            if _bounds[i].handle == handle and _bounds[i].seconds < limit and \
+                    <intptr_t>(<MPI.Comm>_bounds[i].comm).ob_mpi == handle:
                 limit = _bounds[i].seconds
     return limit
 

@@ -10,6 +10,7 @@ the flight record are hooks the Python core installs (coll_hooks.pxi).
 """
 
 cimport cython
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from mpi4py cimport MPI
 
 from libc.math cimport INFINITY
@@ -109,4 +110,4 @@ def mpi_reduction(x, op="sum") -> tuple:
     return datatype, mpi_op
 
 
-HAVE_LARGE_COUNT = bool(fr_have_large_count())
+HAVE_LARGE_COUNT = bool(fr_have_large_count())  # (looked up now, before any thread asks)

@@ -52,11 +52,12 @@
 #define FR_MPI_BUILD_VERSION "unknown MPI"
 #endif
 
-/* MPI-4's large-count bindings, looked up at run time in the MPI the process loaded:
- * a build against an MPI without them (the wheel's Open MPI build, made against 4.1)
- * uses them where the MPI at run time has them (Open MPI 5), and no build names a
- * symbol an older MPI lacks. The process's global scope first (a PMPI tool preloaded
- * there wraps them), then the library MPI_Allreduce comes from. */
+/* MPI-4's large-count bindings, looked up at run time in the MPI the process loaded
+ * (MPICH 4.0 and 5.0 have them; Open MPI 4.1 and 5.0 do not): a build uses them wherever
+ * the MPI at run time has them, and names no symbol an older MPI lacks. The process's
+ * global scope first (a PMPI tool preloaded there wraps them), then the library
+ * MPI_Allreduce comes from. Each extension module that includes this has its own copy
+ * of the state below and looks it up at its import, before any thread can race. */
 typedef int (*fr_allreduce_c_fn)(const void *, void *, MPI_Count, MPI_Datatype, MPI_Op,
                                  MPI_Comm);
 typedef int (*fr_iallreduce_c_fn)(const void *, void *, MPI_Count, MPI_Datatype, MPI_Op,

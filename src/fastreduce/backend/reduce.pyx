@@ -39,6 +39,7 @@ cdef extern from "halfops.h" nogil:
     void fr_divide(void* data, int64_t count, int kind, int divisor)
 
 cdef int64_t _count_limit = INT_MAX
+fr_have_large_count()  # looked up now, before any thread may ask (mpicompat.h)
 # DEFAULT_SEGMENT_BYTES until set-up hands down FASTREDUCE_SEGMENT_BYTES (0: one call);
 # unless pinned (the setting, set_segment_bytes), each communicator's plan decides
 cdef int64_t _segment_bytes = 4 << 20

@@ -31,11 +31,14 @@ assert b.tolist() == [i * size for i in range(4)], b
 limit = reduce._set_count_limit(5)
 try:
     z = np.full(100, rank + 1, np.int32)
+    before = reduce._mpi_call_count()
     fastreduce.allreduce_(z)
+    calls = reduce._mpi_call_count() - before
 finally:
     reduce._set_count_limit(limit)
 assert z.tolist() == [size * (size + 1) // 2] * 100, z[:3]
-large = "MPI_Allreduce_c" if fastreduce.HAVE_LARGE_COUNT else "chunked"
+assert calls == (1 if fastreduce.HAVE_LARGE_COUNT else 20), calls  # the path taken
+large = "MPI_Allreduce_c" if calls == 1 else "chunked"
 cases = ["core"]
 
 if engine.state()[0]:  # MPI_THREAD_MULTIPLE: the engine's thread and its duplicate

@@ -21,7 +21,7 @@ _exit_on = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction
 _inside = threading.local()  # an operation made of others records one event
 # Torch's backends' events are asynchronous (their work ends on a worker thread), and the
 # profiler keeps such events out of the CPU operators' tree: every operation's event is
-# ended on the ender's thread to be one too (a blocking operation's at once).
+# ended on the ender's thread to be one too (a blocking operation's as it returns).
 _to_end: queue.SimpleQueue = queue.SimpleQueue()  # (callable, its argument), run in order
 _ender: threading.Thread | None = None
 _ender_lock = threading.Lock()
@@ -49,35 +49,48 @@ def _on_ender(call, argument) -> None:
     _to_end.put((call, argument))
 
 
-def _end_async(handle) -> None:
-    """End the event now, on the ender's thread (an asynchronous event)."""
-    done = torch.futures.Future()
-    _exit_on(handle, done)
+def _hop(relay: torch.futures.Future) -> None:
+    """Complete relay on the ender's thread and wait for that: the profiler event its end
+    callback ends is then an asynchronous one. The ender runs nothing else (no user
+    callback: those run where the operation completes), so it never waits on itself."""
     ended = threading.Lock()
     ended.acquire()
-    _on_ender(_complete_then_release, (done, ended))
-    ended.acquire()  # (a thread hop: some 80 us a call on a 2-core VM, while profiling)
+    _on_ender(_complete_then_release, (relay, ended))
+    ended.acquire()  # (a thread hop: some 100 us a call on a 2-core VM, while profiling)
 
 
 def _complete_then_release(pair) -> None:
-    done, ended = pair
+    relay, ended = pair
     try:
-        done.set_result(None)
+        relay.set_result(None)
     finally:
         ended.release()
 
 
-def _end_async_on(handle, future: torch.futures.Future) -> torch.futures.Future:
-    """End the event on the ender's thread once `future` completes (whichever thread
-    completes it); returns the future that completes after that end, with future's value."""
+def _end_async(handle) -> None:
+    """End the event now, as an asynchronous one."""
     relay = torch.futures.Future()
-    ended = _exit_on(handle, relay)
-    future.add_done_callback(lambda done: _on_ender(_pass_on, (done, relay)))
-    return ended
+    _exit_on(handle, relay)
+    _hop(relay)
 
 
-def _pass_on(pair) -> None:
-    source, target = pair
+def _end_async_on(handle, future: torch.futures.Future) -> torch.futures.Future:
+    """End the event, as an asynchronous one, once `future` completes; returns the future
+    that completes after that end, with future's value, on the thread that completed
+    future (its callbacks run there, as without a profiler)."""
+    relay = torch.futures.Future()
+    _exit_on(handle, relay)  # here: this thread's profiler state goes with the end
+    finished = torch.futures.Future()
+
+    def on_done(done: torch.futures.Future) -> None:
+        _hop(relay)
+        _pass_on(done, finished)
+
+    future.add_done_callback(on_done)
+    return finished
+
+
+def _pass_on(source: torch.futures.Future, target: torch.futures.Future) -> None:
     try:
         value = source.value()
     except BaseException as exc:  # noqa: BLE001  (the operation's error goes on with it)
@@ -96,8 +109,8 @@ def _tensors(arg) -> list[torch.Tensor]:
 
 def profiled(backend: str, event: str, inputs: int | None = 0):
     """A method that records the event "<backend>:<event>" from its call until its work
-    completes (in the engine's thread for work run there), with the shapes of its argument
-    number `inputs` (None: no tensors)."""
+    completes (an asynchronous event, ended on the ender's thread), with the shapes of
+    its argument number `inputs` (None: no tensors)."""
 
     def wrap(method):
         @functools.wraps(method)
