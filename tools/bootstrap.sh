@@ -70,8 +70,8 @@ PY
   "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2.1" ninja
 elif [ "$mpi" = system-mpich ]; then
   # (no cached wheel: one built from the same sdist against another MPI would be taken)
-  MPICC=$mpicc "${pip[@]}" install --no-cache-dir --no-binary mpi4py "mpi4py>=4" "numpy>=1.26" \
-    "${FASTREDUCE_TORCH:-torch==2.13.0}"
+  MPICC=$mpicc "${pip[@]}" install --no-cache-dir --no-binary mpi4py "mpi4py>=4"
+  "${pip[@]}" install "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}"
   echo "$venv"
   exit 0
 elif [ "$mpi" = newest ]; then
