@@ -72,10 +72,10 @@ _collected: collections.deque[MPI.Comm] = collections.deque()
 
 def _free_collected() -> None:
     """Free the communicators of partitions collected since the last call."""
-    while True:
+    while _collected:
         try:
             comm = _collected.popleft()
-        except IndexError:  # (another thread may have taken the last)
+        except IndexError:  # (another thread took the last)
             return
         _free_owned(comm)
 
