@@ -108,4 +108,4 @@ static inline int fr_iallreduce_large(const void *sendbuf, void *recvbuf, MPI_Co
   return fr_iallreduce_c(sendbuf, recvbuf, count, datatype, op, comm, request);
 }
 
-#endif
+#endif /* FASTREDUCE_MPICOMPAT_H */
