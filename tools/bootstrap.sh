@@ -66,7 +66,9 @@ links=()
 for folder in ${PIP_FIND_LINKS:-} $("${pip[@]}" config get global.find-links 2>/dev/null || true); do
   [ -d "$folder" ] && links+=(--find-links "$folder")
 done
-install=("$uv" pip install --quiet --python "$venv/bin/python" "${links[@]}")
+# --compile-bytecode: as pip does; without .pyc files (and with PYTHONDONTWRITEBYTECODE set,
+# as on these machines) every process compiles torch's modules again at import.
+install=("$uv" pip install --quiet --compile-bytecode --python "$venv/bin/python" "${links[@]}")
 # The MPI wheel puts mpicc, mpiexec, mpi.h and libmpi into the venv.
 if [ "$mpi" = minimum ]; then
   # Every floor in pyproject.toml must be pinned here at that very version.
