@@ -22,9 +22,10 @@
 #   (prints the venv's path last)
 #
 # Packages come from PyPI (and pip's find-links folders where PIP_FIND_LINKS names some)
-# through uv, kept in build/uv: it downloads in parallel and links files from its cache
-# (~/.cache/uv), so torch is unpacked once for every venv (pip: 3-4 minutes a venv, most of
-# it torch). pip stays in each venv, and builds fastreduce.
+# through uv, kept in build/uv: it downloads in parallel (the minimum and newest venvs'
+# CUDA builds of torch, about 3 GB each: some 20 s where pip took 2 minutes) and links files
+# from its cache (~/.cache/uv); each venv still compiles them to bytecode. pip stays in
+# each venv, and builds fastreduce.
 #
 # Settings: PYTHON (interpreter for the venv, default python3), FASTREDUCE_TORCH
 # (pip requirement for torch, default torch==2.13.0; not used by `minimum`).
