@@ -78,8 +78,7 @@ def get_framework(name: str) -> Framework:
     return Framework(name)
 
 
-def cases(frameworks=("torch", "numpy"), big: bool = False,
-          size: int = MPI.COMM_WORLD.size) -> list:
+def cases(frameworks=("torch", "numpy"), big: bool = False) -> list:
     """The (framework, dtype, op, mode) cases, with ids like torch-float32-sum-in_place;
     over 1 MiB (`big`) only the ops sum, max, bxor and bor.
 
@@ -88,6 +87,7 @@ def cases(frameworks=("torch", "numpy"), big: bool = False,
     memory over) are handled before any MPI call, the same at every size, while what 3 or
     4 ranks change (MPI's algorithm, the number of terms of each element) is the dtype and
     the op's; every mode still meets every framework and dtype there."""
+    every_mode = MPI.COMM_WORLD.size <= 2
     params = []
     for fw in frameworks:
         turn = 0
@@ -95,7 +95,7 @@ def cases(frameworks=("torch", "numpy"), big: bool = False,
             for op in ops_for(dtype):
                 if big and op not in BIG_OPS:
                     continue
-                modes = MODES if size <= 2 else [MODES[turn % len(MODES)]]
+                modes = MODES if every_mode else [MODES[turn % len(MODES)]]
                 turn += 1
                 params += [pytest.param(fw, dtype, op, mode, id=f"{fw}-{dtype}-{op}-{mode}")
                            for mode in modes]
