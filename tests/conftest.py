@@ -2,6 +2,7 @@
 does not name it (its cases run on every rank of an MPI job: `mpiexec -n N python -m
 pytest tests/mpi`, docs/testing.md)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -34,8 +35,19 @@ def fake_cuda(monkeypatch):
         monkeypatch.setenv(variable, value)
 
 
+# The longest files of tests/launch (minutes each, launched jobs), in the order two
+# pytest-xdist workers should start them (tools/test.sh: a file to a worker, in collection
+# order): the longest first, so that none is left running alone at the end.
+LONGEST_FILES = ("test_slurm.py", "test_tools.py", "test_wheel.py", "test_watchdog.py",
+                 "test_cluster.py", "test_node_failures.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `long` run only when selected (pytest -m long): CI stays short."""
+    """Tests marked `long` run only when selected (pytest -m long): CI stays short. Under
+    pytest-xdist, the longest files first."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        first = {name: i for i, name in enumerate(LONGEST_FILES)}
+        items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable
     if "long" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="a long run: select it with pytest -m long")

@@ -3,7 +3,8 @@
 # MPICH ABIs differ: MPI_Comm is a pointer in one, an int in the other). Arguments go to
 # pytest. docs/testing.md says what runs where; per MPI, in order:
 #
-#   1. tests/unit and tests/launch, one process (the launched tests start their own jobs)
+#   1. tests/unit and tests/launch, on two pytest-xdist workers (the launched tests start
+#      their own jobs)
 #   2. tests/mpi, one `mpiexec -n N python -m pytest tests/mpi --profile P` per rank count
 #      and profile its cases ask for (tests/support/sessions.py)
 # The last MPI runs all of it; the others leave out what is marked one_mpi (the unit tests
@@ -26,6 +27,7 @@
 #   FASTREDUCE_VERSIONS=default bash tools/test.sh    the usual passes alone
 #   FASTREDUCE_VERSIONS=newest bash tools/test.sh     the backend on the newest torch alone
 #   FASTREDUCE_MULTINODE=0 bash tools/test.sh         without the passes across nodes
+#   FASTREDUCE_TEST_WORKERS=0 bash tools/test.sh      the unit and launched tests in one process
 #
 # Given pytest arguments other than -v, the passes across nodes run only with
 # FASTREDUCE_MULTINODE=1, and a pass that selects nothing is not a failure (the run fails
@@ -59,6 +61,11 @@ done
 default_paths=0
 if [ "${#single[@]}" -eq 0 ] && [ "${#multi[@]}" -eq 0 ]; then default_paths=1; fi
 timings=()
+# The unit and launched tests on two pytest-xdist workers: a launched job often waits (a
+# timeout, a killed node, a launcher starting), so two keep both cores busy. A file runs on
+# one worker (its cases share a cluster, Slurm, the wheels), the longest files first
+# (LONGEST_FILES in tests/conftest.py) and in that order (no reordering by size).
+workers=(-n "${FASTREDUCE_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 
 # Each venv holds torch (the CPU build: 1.3 GB; the minimum versions' torch 2.4.0 and the
 # newest torch are CUDA builds: 5 and 5.5 GB; and the Debian MPICH runtime's): a full run
@@ -126,7 +133,7 @@ for mpi in $mpis; do
   python=$venv/bin/python
   if [ "${#single[@]}" -gt 0 ]; then
     run "$mpi: unit and launched tests" "$python" -m pytest "${single[@]}" "${select[@]}" \
-      --durations=15 "${common[@]}"
+      "${workers[@]}" --durations=15 "${common[@]}"
   fi
   if [ "${#multi[@]}" -gt 0 ] || [ "$selecting" -eq 0 ] || [ "${#single[@]}" -eq 0 ] \
      || [ "${#common[@]}" -gt 0 ]; then

@@ -10,6 +10,13 @@ import pytest
 # collecting them would load the harness, and MPI, into this process
 collect_ignore = ["harness_cases"]
 
+def pytest_configure(config):
+    """The test cluster is made once per session: pytest-xdist workers would each make it."""
+    if mpirun.test_nodes() and getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError("FASTREDUCE_TEST_NODES: run the launched tests in one process "
+                                "(-n 0): each pytest-xdist worker would make the same cluster")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def test_cluster():
     """With FASTREDUCE_TEST_NODES=K, a K-node cluster for the session, removed at its end."""
