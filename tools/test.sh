@@ -16,10 +16,10 @@
 #   4. (last MPI) the documentation, Sphinx with warnings as errors
 #
 # Then a quick pass with the minimum versions pyproject.toml declares (`bootstrap.sh
-# minimum`: .venv-min, Open MPI wheel): the build, the core all-reduce, autograd eager and
-# under torch.compile, gradient sync, partitions, the DistDL names, and the
-# torch.distributed backend's refusal of torch older than 2.13. Last, the torch.distributed
-# backend's multi-rank cases on the newest torch (`bootstrap.sh newest`: .venv-newest).
+# minimum`: .venv-min, Open MPI wheel, torch 2.4): the build, the core all-reduce, autograd
+# eager and under torch.compile, gradient sync, partitions, the DistDL names, and the
+# torch.distributed backend's cases on 2 ranks. Last, the torch.distributed backend's
+# multi-rank cases on the newest torch (`bootstrap.sh newest`: .venv-newest).
 #
 #   bash tools/test.sh                 both MPIs, then the minimum versions
 #   FASTREDUCE_MPIS=mpich bash tools/test.sh -k bad_input
@@ -177,7 +177,8 @@ case " $versions " in
       if [ "$versions" = minimum ]; then extra=("$@"); else extra=("${verbose[@]}"); fi
       run "minimum versions: single process" "$venv/bin/python" -m pytest \
         tests/unit/test_torch_version.py "${extra[@]}"
-      # 2 ranks, and the DistDL names and the autograd layers on a 1 x 3 grid
+      # 2 ranks (the torch.distributed backend's files among them), and the DistDL names
+      # and the autograd layers on a 1 x 3 grid
       run "minimum versions: multi-rank" "$venv/bin/python" tests/support/sessions.py \
         --ranks 2 --profile default -- -m minimum_versions "${extra[@]}"
       run "minimum versions: DistDL and autograd on 3 ranks" "$venv/bin/python" tests/support/sessions.py \

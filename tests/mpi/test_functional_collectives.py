@@ -9,10 +9,9 @@ import torch._dynamo
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
-# torch older than 2.13: the backend refuses to import (tests/unit/test_torch_version.py)
-pytest.importorskip("fastreduce.distributed", exc_type=ImportError)  # registers the backend
+import fastreduce.distributed  # noqa: F401  (registers the backend)
 
-pytestmark = [pytest.mark.mpi(ranks=2), pytest.mark.one_mpi]
+pytestmark = [pytest.mark.mpi(ranks=2), pytest.mark.one_mpi, pytest.mark.minimum_versions]
 
 
 @pytest.fixture(scope="module")

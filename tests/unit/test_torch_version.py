@@ -1,19 +1,31 @@
-"""The torch.distributed backend refuses, by name, a torch too old for it."""
+"""The torch.distributed backend refuses, by name, a torch older than it runs on."""
 
 import pytest
 
+from fastreduce.torch.versions import _release, _torch_refusal
 
-def test_torch_older_than_2_13_is_refused_by_name():
-    """On torch older than 2.13 importing the backend raises ImportError naming the torch it
-    needs (instead of hanging in sub-groups later); on 2.13 and newer it imports."""
+
+@pytest.mark.parametrize("release", [(2, 4), (2, 6), (2, 12), (2, 13), (2, 15), (3, 0)])
+def test_releases_from_the_floor_are_accepted(release):
+    assert _torch_refusal(release) is None
+
+
+@pytest.mark.parametrize("release", [(2, 3), (1, 13)])
+def test_older_releases_are_refused_naming_the_fix(release):
+    assert "pip install 'torch>=2.4'" in _torch_refusal(release)
+
+
+@pytest.mark.parametrize(("version", "release"), [("2.13.0+cpu", (2, 13)),
+                                                  ("2.4.0", (2, 4)), ("2.10.0a0+git1", (2, 10))])
+def test_release_of_a_version_string(version, release):
+    assert _release(version) == release
+
+
+def test_the_installed_torch_imports():
+    """Every torch the suite runs on (2.4, 2.13, 2.15) is one the backend accepts."""
     import torch
 
-    from fastreduce.ops import _release
+    import fastreduce.distributed
 
-    if _release(torch.__version__) >= (2, 13):
-        import fastreduce.distributed
-
-        assert fastreduce.distributed.BACKEND == "fastreduce"
-    else:
-        with pytest.raises(ImportError, match=r"needs torch 2\.13 or newer .*torch>=2\.13"):
-            import fastreduce.distributed  # noqa: F401
+    assert _torch_refusal(_release(torch.__version__)) is None
+    assert fastreduce.distributed.BACKEND == "fastreduce"

@@ -27,6 +27,7 @@ from mpi4py import MPI
 from ..backend import buffer as _buffer
 from ..backend import collectives as _collectives
 from ..backend.collectives import default_comm
+from .versions import _release
 
 __all__ = ["allreduce", "allreduce_", "comm_id", "communicator"]
 
@@ -77,11 +78,6 @@ def communicator(number: int) -> MPI.Comm:
                          f"registered, or dropped since); name communicators with "
                          f"fastreduce.ops.comm_id(comm)")
     return comm
-
-
-def _release(version: str) -> tuple[int, int]:
-    major, minor = version.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
 
 
 # Whether torch.compile traces fastreduce's ops and layers (torch 2.12 and newer: older

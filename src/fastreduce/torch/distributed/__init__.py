@@ -24,15 +24,14 @@ import torch.distributed as dist
 from ... import partition
 from ..._version import __version__
 from ...errors import BackendError
-from ..custom_ops import _release
+from ..versions import _release, _torch_refusal
 
-# Older torch.distributed differs in what a Python process group must provide (sub-groups
-# hang on 2.4-2.6, PREMUL_SUM has no factor on 2.12): the backend is tested on 2.13.
-# Checked before the submodules load, so older torch fails here, by name.
-if _release(torch.__version__) < (2, 13):
-    raise ImportError(f"fastreduce.distributed needs torch 2.13 or newer (this is torch "
-                      f"{torch.__version__}): pip install 'torch>=2.13'; the rest of fastreduce "
-                      f"works with torch 2.4 and newer")
+# Checked before the submodules load, so a torch the backend is not made for fails here,
+# by name (docs/install.md: what differs on each).
+_REFUSAL = _torch_refusal(_release(torch.__version__))
+if _REFUSAL:
+    raise ImportError(f"fastreduce.distributed: {_REFUSAL} (this is torch "
+                      f"{torch.__version__})")
 
 from .groups import _create, process_group  # noqa: E402
 from .hooks import bf16_compression_hook, fp16_compression_hook  # noqa: E402

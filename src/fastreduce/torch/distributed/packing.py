@@ -33,8 +33,13 @@ def _op_of(reduce_op) -> tuple[str, object]:
     if name is None:
         raise BackendError(f"fastreduce backend: reduce op {kind} is not supported; use one of "
                            f"SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM")
-    factor = reduce_op.factor if kind == _RedOpType.PREMUL_SUM else None
-    return name, factor
+    if kind != _RedOpType.PREMUL_SUM:
+        return name, None
+    if not hasattr(reduce_op, "factor"):  # torch older than 2.13 keeps it from Python
+        raise BackendError(f"fastreduce backend: PREMUL_SUM needs torch 2.13 or newer, which "
+                           f"gives its factor (this is torch {torch.__version__}); multiply "
+                           f"by the factor, then reduce with SUM")
+    return name, reduce_op.factor
 
 
 def _premultiply(tensors: Sequence, factor) -> None:

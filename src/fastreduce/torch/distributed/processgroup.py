@@ -18,6 +18,7 @@ from ...backend import collectives as _collectives
 from ...backend import engine as _engine
 from ...errors import BackendError, BarrierTimeout
 from ..buckets import RecurringBuckets, schedule_setting
+from ..versions import _release
 from .packing import (
     _check_same,
     _check_tensor,
@@ -43,7 +44,18 @@ _SPARSE = torch.sparse_coo
 
 def _profiled(event: str, inputs: int | None = 0):
     """A backend operation's profiler event, "fastreduce:<event>" (torch's names)."""
-    return profiled(BACKEND, event, inputs)
+    decorate = profiled(BACKEND, event, inputs)
+    if _release(torch.__version__) >= (2, 13) or event in ("send", "recv", "recvAnySource"):
+        return decorate
+
+    def wrap(method):
+        inner = decorate(method)
+
+        def run(self, *args, **kwargs):
+            work = inner(self, *args, **kwargs)
+            return torch._C._distributed_c10d._create_work_from_future(work.get_future())
+        return run
+    return wrap
 
 
 def _python_backend_base():
@@ -57,6 +69,20 @@ def _python_backend_base():
 
 
 _PYTHON_BACKEND_BASE = _python_backend_base()
+
+
+def _torch_asks_python_for_names() -> bool:
+    """Whether torch reads a Python group's name from its getGroupName (2.13); torch 2.4
+    asks the group's per-device backends, and a group without any raises "ProcessGroup name
+    not set" (device meshes and destroy_process_group read it)."""
+    probe = type("_Probe", (dist.ProcessGroup,), {"getGroupName": lambda self: "probe"})(0, 1)
+    try:
+        return probe.group_name == "probe"
+    except RuntimeError:
+        return False
+
+
+_TORCH_ASKS_PYTHON_FOR_NAMES = _torch_asks_python_for_names()
 
 
 _TIMEOUT_SOURCE = "the group's timeout (init_process_group(timeout=) or new_group(timeout=))"
@@ -115,6 +141,21 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
+    if not _TORCH_ASKS_PYTHON_FOR_NAMES:  # torch 2.4: the group keeps them here
+        def _set_group_name(self, name: str) -> None:
+            self._group_name = name
+
+        def _set_group_desc(self, desc: str) -> None:
+            self._group_desc = desc
+
+        @property
+        def group_name(self) -> str:
+            return self._group_name
+
+        @property
+        def group_desc(self) -> str:
+            return self._group_desc
+
     # torch looks a group's backend up per device (batch_isend_irecv on torch 2.15, the
     # object collectives' device, torch.distributed.checkpoint's default device): for host
     # tensors and, where there is a GPU, CUDA tensors. Where torch has a Python backend
@@ -167,7 +208,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
         if checks._debug:
             checks.fingerprint(self._comm, name, **fields(),
                                **({"bytes": nbytes} if nbytes >= 0 else {}))
-        if getattr(opts, "asyncOp", False) and _engine.state()[0] and \
+        if _async_op(opts) and _engine.state()[0] and \
                 0 <= _engine.host_bytes() <= (nbytes if nbytes >= 0 else 0) and \
                 not _any_cuda(inputs):
             dup = _collectives.engine_comm(self._comm)
@@ -199,7 +240,7 @@ class ProcessGroupFastreduce(dist.ProcessGroup):
             op, factor = _op_of(reduce_op)
             if factor is not None:
                 _premultiply(tensors, factor)
-        if len(tensors) == 1 and opts.asyncOp and _engine.state()[0]:
+        if len(tensors) == 1 and _async_op(opts) and _engine.state()[0]:
             t = tensors[0]
             if (t.is_cuda or 0 <= _engine.host_bytes() <= t.nbytes) and self._overlap(t):
                 request = _collectives.iallreduce_(t, op, comm=self._comm)
@@ -749,9 +790,17 @@ def _shapes(tensors, rows: bool = False) -> str:
     return ";".join(str(list(t.shape[1:] if rows else t.shape)) for t in tensors)
 
 
+def _async_op(opts) -> bool:
+    """Whether the caller asked for a non-blocking operation: torch's options say so (2.13
+    does); where they do not (2.4), the call runs at once, and torch's wrappers wait on its
+    work object either way."""
+    return getattr(opts, "asyncOp", False)
+
+
 def _blocking(opts, like=None):
     """opts for a part of a larger call: blocking, with like's reduce op."""
-    opts.asyncOp = False
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
     if like is not None:
         opts.reduceOp = like.reduceOp
     return opts
