@@ -45,6 +45,9 @@ _SPARSE = torch.sparse_coo
 def _profiled(event: str, inputs: int | None = 0):
     """A backend operation's profiler event, "fastreduce:<event>" (torch's names)."""
     decorate = profiled(BACKEND, event, inputs)
+    # Below 2.13 torch's C++ waits on a collective's work through its own Work::wait (DDP's
+    # parameter check), which never reaches a Python Work: it gets a C++ work made from the
+    # operation's future instead. Not for send/recv: torch reads their source rank.
     if _release(torch.__version__) >= (2, 13) or event in ("send", "recv", "recvAnySource"):
         return decorate
 
@@ -791,9 +794,9 @@ def _shapes(tensors, rows: bool = False) -> str:
 
 
 def _async_op(opts) -> bool:
-    """Whether the caller asked for a non-blocking operation: torch's options say so (2.13
-    does); where they do not (2.4), the call runs at once, and torch's wrappers wait on its
-    work object either way."""
+    """Whether the caller asked for a non-blocking operation: torch's options say so (2.9
+    and newer do); where they do not (2.4, 2.6), the call runs at once, and torch's
+    wrappers wait on its work object either way."""
     return getattr(opts, "asyncOp", False)
 
 
