@@ -23,6 +23,7 @@ __all__ = [
     "SettingError",
     "SettingWarning",
     "UsageError",
+    "WaitTimeout",
 ]
 
 
@@ -59,6 +60,11 @@ class BackendError(FastreduceError, ValueError):
 class BarrierTimeout(FastreduceError, RuntimeError):
     """A torch.distributed barrier on a fastreduce group waited past the group's timeout:
     a rank of the group never arrived."""
+
+
+class WaitTimeout(FastreduceError, RuntimeError):
+    """`Work.wait(timeout)` on a fastreduce group elapsed before the operation completed;
+    the operation is still in flight (wait again, or end the job)."""
 
 
 class UsageError(FastreduceError):

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import fastreduce
 import fastreduce.distributed as frd
-from fastreduce.torch.versions import _release
+from fastreduce.torch.versions import _release, _work_needs_cpp_wrapper
 
 # The backend's cases run in the minimum versions' pass too (torch 2.4: tools/test.sh).
 pytestmark = pytest.mark.minimum_versions
@@ -120,8 +120,8 @@ def with_gloo(w: World, fn, *args, **kw) -> bool:
 
 def finish(f, work, async_op):
     if async_op:
-        # torch 2.4 waits on a work through C++: the backend returns a C++ work there
-        wanted = frd.Work if _release(torch.__version__) >= (2, 13) else dist.Work
+        # below 2.13 torch waits on a work through C++: the backend returns a C++ work there
+        wanted = dist.Work if _work_needs_cpp_wrapper(_release(torch.__version__)) else frd.Work
         f.check(isinstance(work, wanted), f"async_op returned {type(work)}")
         fut = work.get_future()
         work.wait()
@@ -644,6 +644,34 @@ def test_barrier_times_out_on_every_waiting_rank(world, checks, ring):
     elif raised is not None:
         group._abandoned[0].Wait()
     dist.destroy_process_group(group)
+
+
+def test_wait_with_a_timeout_raises_and_the_work_completes_later(world, checks, ring):
+    """A receive whose sender comes late: wait(timeout) raises WaitTimeout at the bound,
+    the receive stays posted, and a later wait() gets the data."""
+    import datetime
+    import time
+
+    from fastreduce.errors import WaitTimeout
+
+    right, left = ring
+    got = torch.zeros(4)
+    work = dist.irecv(got, src=left)
+    start = time.monotonic()
+    raised = None
+    try:
+        work.wait(datetime.timedelta(seconds=0.3))
+    except WaitTimeout as exc:
+        raised = str(exc)
+    waited = time.monotonic() - start
+    checks.check(raised is not None and "timed out after 0.3 s" in raised
+                 and "still in flight" in raised, f"raised {raised!r}")
+    checks.check(0.3 <= waited < 30, f"wait ended after {waited:.2f} s")
+    checks.check(not work.is_completed(), "the receive completed with no sender")
+    fastreduce.default_comm().Barrier()  # every rank is past its timed-out wait
+    dist.send(torch.full((4,), float(world.rank)), dst=right)
+    checks.check(work.wait(datetime.timedelta(seconds=60)), "wait() after the send")
+    checks.check(torch.equal(got, torch.full((4,), float(left))), f"received {got}")
 
 
 # --- point to point -----------------------------------------------------------------------

@@ -8,6 +8,9 @@ from __future__ import annotations
 # asyncOp in the options, the group's name, PREMUL_SUM's factor, C++ waiting on work) is
 # handled where it is met.
 FLOOR = (2, 4)
+# From this release torch's C++ waits on a Python Work through Python (below it, through
+# its own Work::wait, which a Python Work never reaches).
+PYTHON_WORK_WAITED = (2, 13)
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -21,3 +24,8 @@ def _torch_refusal(release: tuple[int, int]) -> str | None:
     if release >= FLOOR:
         return None
     return "the backend needs torch 2.4 or newer: pip install 'torch>=2.4'"
+
+
+def _work_needs_cpp_wrapper(release: tuple[int, int]) -> bool:
+    """Whether a collective's work must reach torch as a C++ work made from its future."""
+    return release < PYTHON_WORK_WAITED

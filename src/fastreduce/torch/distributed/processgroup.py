@@ -18,7 +18,7 @@ from ...backend import collectives as _collectives
 from ...backend import engine as _engine
 from ...errors import BackendError, BarrierTimeout
 from ..buckets import RecurringBuckets, schedule_setting
-from ..versions import _release
+from ..versions import _release, _work_needs_cpp_wrapper
 from .packing import (
     _check_same,
     _check_tensor,
@@ -48,7 +48,8 @@ def _profiled(event: str, inputs: int | None = 0):
     # Below 2.13 torch's C++ waits on a collective's work through its own Work::wait (DDP's
     # parameter check), which never reaches a Python Work: it gets a C++ work made from the
     # operation's future instead. Not for send/recv: torch reads their source rank.
-    if _release(torch.__version__) >= (2, 13) or event in ("send", "recv", "recvAnySource"):
+    if (not _work_needs_cpp_wrapper(_release(torch.__version__))
+            or event in ("send", "recv", "recvAnySource")):
         return decorate
 
     def wrap(method):

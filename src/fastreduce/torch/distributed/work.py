@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 from ...backend import engine as _engine
+from ...errors import WaitTimeout
 
 
 class Work(dist.Work):
@@ -73,9 +75,17 @@ class Work(dist.Work):
             self._finish(None)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """Block (GIL released) until MPI has completed the operation; raise its error."""
+        """Block (GIL released) until MPI has completed the operation; raise its error.
+        A positive timeout raises WaitTimeout once it elapses, the operation still in
+        flight (torch's C++ passes 0: no bound)."""
         if self._future is None:  # complete from the start
             return True
+        if timeout and timeout.total_seconds() > 0 and not self._completes_within(timeout):
+            raise WaitTimeout(
+                f"fastreduce backend: wait() timed out after {timeout.total_seconds():g} s: "
+                f"the operation has not completed (a rank it needs has not reached it). It "
+                f"is still in flight and its tensors are MPI's until it completes: wait "
+                f"again, or end the job")
         if self._request is not None:
             self._request.wait()
         elif self._job is not None:
@@ -108,6 +118,18 @@ class Work(dist.Work):
                         self._source = self._mpi_request.source
                     self._finish(None)
         return self._completion().done()
+
+    def _completes_within(self, timeout: datetime.timedelta) -> bool:
+        """Whether the operation completes within timeout: polls, 10 us apart growing
+        to 1 ms (MPI cannot wait with a deadline)."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        pause = 1e-5
+        while not self.is_completed():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        return True
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
