@@ -309,12 +309,14 @@ def test_copies_of_every_form_pipelined(name, comm, checks):
 
 # --- stream ordering ----------------------------------------------------------------------
 def ordering(form: str, cls, n: int, skip: bool, phase: int, rank: int, size: int) -> bool:
-    """A 200 ms "kernel" on the producer stream writes x just before the call."""
+    """A "kernel" on the producer stream writes x just before the call: 20 ms, or 100 ms
+    where the result must be stale (skip: without fastreduce's waits)."""
     stream = Stream()
     g = cls.from_numpy(np.zeros(n, np.float32), stream=stream)
     if cls is FakeCudaTensor:
         fakecuda.set_current_stream(stream)
-    g.write(np.full(n, (rank + 1) * phase, np.float32), delay_us=200_000)
+    g.write(np.full(n, (rank + 1) * phase, np.float32),
+            delay_us=100_000 if skip else 20_000)
     _cuda._set_skip_waits(skip)
     try:
         if form == "in place":
@@ -340,7 +342,7 @@ ORDERING = [(cls, form, n) for cls in (FakeCudaArray, FakeCudaTensor)
     pytest.param(cls, form, n, id=f"{cls.__name__}-{form.replace(' ', '-')}-{n}")
     for cls, form, n in ORDERING])
 def test_ordered_after_the_producer(cls, form, n, staging_chunk, comm, checks):
-    """A 200 ms "kernel" on the producer stream writes x just before the call: its values
+    """A "kernel" on the producer stream writes x just before the call: its values
     are what gets reduced (3000 elements: in 4096-byte chunks); without fastreduce's host
     waits they are not (on more than one rank)."""
     phase = 2 + 2 * ORDERING.index((cls, form, n))
@@ -456,7 +458,8 @@ def test_direct_ordered_after_the_producer(direct, comm, checks):
         n = 1000
         stream = Stream()
         g = FakeCudaArray.from_numpy(np.zeros(n, np.float32), stream=stream)
-        g.write(np.full(n, (rank + 1) * phase, np.float32), delay_us=200_000)
+        g.write(np.full(n, (rank + 1) * phase, np.float32),
+                delay_us=100_000 if phase == 102 else 20_000)
         _cuda._set_skip_waits(phase == 102)
         try:
             fastreduce.allreduce_(g)

@@ -226,11 +226,17 @@ def test_torch_backend(debug_checks, comm):
 
 # -- collectives issued in different orders ---------------------------------------------
 
+# How late a late rank is: past the report (0.5 s) and the grace a stable picture needs
+# before it is called a deadlock (checks._GRACE, 1 s), so that a late rank wrongly taken
+# for a deadlock would raise
+LATE = 2.0
+
+
 @pytest.fixture
 def quick_reports():
-    """Debug mode with waits reported after 1 s (not 10), restored afterwards."""
+    """Debug mode with waits reported after 0.5 s (not 10), restored afterwards."""
     before = fastreduce.checks._report_after
-    fastreduce.set_debug(True, report_after=1.0)
+    fastreduce.set_debug(True, report_after=0.5)
     yield
     fastreduce.checks._report_after = before
 
@@ -251,7 +257,7 @@ def test_matching_orders_however_late(first_and_second, checks, comm):
     first, second = first_and_second
     x = torch.ones(4)
     if comm.rank == 0:
-        time.sleep(2.5)  # longer than report_after
+        time.sleep(LATE)
     fastreduce.allreduce_(x, comm=first.comm)
     fastreduce.allreduce_(x, comm=second.comm)
     checks.check(torch.equal(x, torch.full((4,), float(comm.size ** 2))),
@@ -269,7 +275,7 @@ def test_chain_that_resolves(quick_reports, checks, comm):
     later = comm.Split(0 if rank in (1, 2) else MPI.UNDEFINED)
     y = torch.ones(2)
     if rank == 2:
-        time.sleep(2.5)
+        time.sleep(LATE)
     if rank in (1, 2):
         fastreduce.allreduce_(y, comm=later)
     if rank < 2:
@@ -312,7 +318,7 @@ def test_different_orders_raise_everywhere(first_and_second, checks, comm):
     third = comm.Dup()
     z = torch.ones(3)
     if rank == 0:
-        time.sleep(2.5)  # the others report waiting; rank 0 must not look stuck in 'second'
+        time.sleep(LATE)  # the others report waiting; rank 0 must not look stuck in 'second'
     try:
         fastreduce.allreduce_(z, comm=third)
     except CollectiveMismatch as exc:

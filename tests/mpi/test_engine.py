@@ -87,7 +87,7 @@ def test_start_does_not_wait_for_the_gpu(n, comm, checks):
     gc.collect()  # (and free earlier arrays now: cudaFree waits for the whole device)
     stream = Stream()
     g = FakeCudaArray.from_numpy(np.zeros(n, np.float32), stream=stream)
-    g.write(values_of(n, rank), delay_us=2_000_000)  # the producer's kernel, still running
+    g.write(values_of(n, rank), delay_us=500_000)  # the producer's kernel, still running
     req = fastreduce.iallreduce_(g)
     checks.check(not stream.query(),
                  f"{n}: iallreduce_ waited on the host for the producer's stream")
@@ -321,7 +321,7 @@ def test_callbacks(comm, checks):
     gc.collect()  # (freeing device memory waits for the whole device: not from here on)
     stream = Stream()
     g = FakeCudaArray.from_numpy(np.zeros(3000, np.float32), stream=stream)
-    g.write(values_of(3000, rank), delay_us=2_000_000)
+    g.write(values_of(3000, rank), delay_us=500_000)
     req = fastreduce.iallreduce_(g)
     req.add_done_callback(lambda r: seen.append(("before wait", r is req)))
     checks.check(seen == [], f"a callback fired before the request was done: {seen}")

@@ -178,7 +178,7 @@ def test_bad_input(checks, world, P):
 
 
 @pytest.mark.one_mpi
-@pytest.mark.mpi(ranks=(13,))  # one rank is inactive; 12 alone run under srun (test_slurm)
+@pytest.mark.mpi(ranks=(13,))  # one rank is inactive
 def test_seed_example(checks):
     """The seed example, as written apart from imports, checked against a reference.
 

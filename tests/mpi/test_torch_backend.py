@@ -22,8 +22,10 @@ import fastreduce
 import fastreduce.distributed as frd
 from fastreduce.torch.versions import _release, _work_needs_cpp_wrapper
 
-# The backend's cases run in the minimum versions' pass too (torch 2.4: tools/test.sh).
-pytestmark = pytest.mark.minimum_versions
+# Python above the core: every rank count in MPICH's sessions (torch 2.13), and on Open MPI
+# in the minimum versions' pass (torch 2.4) and the newest torch's (2.15), 2 ranks each
+# (tools/test.sh).
+pytestmark = [pytest.mark.minimum_versions, pytest.mark.one_mpi]
 
 
 @pytest.fixture(scope="module", autouse=True, params=[
