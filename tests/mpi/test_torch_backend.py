@@ -617,11 +617,22 @@ def test_profile_read_at_once_after_wait_of_background_work(world, checks):
     checks.check(counts == [1] * 40, f"events per profile {counts}")
 
 
+def raised_within(call, error) -> tuple[str | None, float]:
+    """(the message of the `error` call() raised, or None; the seconds call() took)."""
+    import time
+
+    start = time.monotonic()
+    try:
+        call()
+    except error as exc:
+        return str(exc), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
 def test_barrier_times_out_on_every_waiting_rank(world, checks, ring):
     """The last rank comes late: every other rank's barrier raises at the group's timeout
     (1 s), naming the barrier; the late rank's arrival then completes their barrier."""
     import datetime
-    import time
 
     from fastreduce.errors import BarrierTimeout
 
@@ -630,12 +641,7 @@ def test_barrier_times_out_on_every_waiting_rank(world, checks, ring):
     raised = None
     try:
         if not late:
-            start = time.monotonic()
-            try:
-                dist.barrier(group=group)
-            except BarrierTimeout as exc:
-                raised = str(exc)
-            waited = time.monotonic() - start
+            raised, waited = raised_within(lambda: dist.barrier(group=group), BarrierTimeout)
             checks.check(raised is not None and "barrier timed out after 1 s" in raised
                          and "the group's timeout" in raised, f"raised {raised!r}")
             checks.check(1.0 <= waited < 30, f"barrier ended after {waited:.2f} s")
@@ -652,20 +658,14 @@ def test_wait_with_a_timeout_raises_and_the_work_completes_later(world, checks, 
     """A receive whose sender comes late: wait(timeout) raises WaitTimeout at the bound,
     the receive stays posted, and a later wait() gets the data."""
     import datetime
-    import time
 
     from fastreduce.errors import WaitTimeout
 
     right, left = ring
     got = torch.zeros(4)
     work = dist.irecv(got, src=left)
-    start = time.monotonic()
-    raised = None
-    try:
-        work.wait(datetime.timedelta(seconds=0.3))
-    except WaitTimeout as exc:
-        raised = str(exc)
-    waited = time.monotonic() - start
+    raised, waited = raised_within(lambda: work.wait(datetime.timedelta(seconds=0.3)),
+                                   WaitTimeout)
     checks.check(raised is not None and "timed out after 0.3 s" in raised
                  and "still in flight" in raised, f"raised {raised!r}")
     checks.check(0.3 <= waited < 30, f"wait ended after {waited:.2f} s")
