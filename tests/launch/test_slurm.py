@@ -181,5 +181,6 @@ def test_bench_across_nodes(two_nodes, family, tmp_path):
     data = json.loads(result.read_text())
     assert data["meta"]["node_names"] == ["frs-n0", "frs-n1"], data["meta"]
     assert data["meta"]["ranks_per_node"] == [2, 2] and all(r["wrong"] == 0 for r in data["rows"])
+    assert "# Avg bus bandwidth" in out
     # node 0's sums need node 1's data: at least the largest size, 20 times, over the link
     assert sent >= 20 * max(r["bytes"] for r in data["rows"]), (sent, out)
