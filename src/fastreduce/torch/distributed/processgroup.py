@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import math
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -31,7 +30,7 @@ from .packing import (
     _unpack,
 )
 from .profiling import profiled
-from .work import Done, Work
+from .work import Done, Work, completes_within
 
 _graph_task_id = torch._C._current_graph_task_id  # -1 outside a backward pass
 
@@ -761,22 +760,11 @@ def _device_types() -> list[torch.device]:
 
 
 def _wait_at_most(request: MPI.Request, seconds: float | None) -> bool:
-    """Whether request completed within seconds (None: no bound): a short spin, then
-    polls 1 ms apart, so a prompt barrier costs no sleep."""
+    """Whether request completed within seconds (None: no bound)."""
     if seconds is None:
         request.Wait()
         return True
-    deadline = time.monotonic() + seconds
-    for _ in range(1000):
-        if request.Test():
-            return True
-    pause = 1e-5
-    while time.monotonic() < deadline:
-        if request.Test():
-            return True
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
-    return bool(request.Test())
+    return completes_within(request.Test, seconds)
 
 
 def _any_cuda(tensors) -> bool:
