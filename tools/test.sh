@@ -38,6 +38,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 status=0
 ran=0
 start_all=$SECONDS
+failures=()
 # Naming MPIs picks passes by hand: then the minimum-versions pass runs only if asked.
 if [ -n "${FASTREDUCE_MPIS:-}" ]; then
   versions=${FASTREDUCE_VERSIONS:-default}
@@ -80,20 +81,26 @@ if [ "${free_gb:-0}" -lt 18 ]; then
 fi
 
 # run NAME COMMAND...: one pass, timed; exit 5 (nothing selected) is a failure unless the
-# arguments select.
+# arguments select. A failed pass's failure lines (pytest's short summary, the sessions'
+# table) are printed again at the end, where a log read from its tail shows them.
 run() {
-  local name=$1 start=$SECONDS rc
+  local name=$1 start=$SECONDS rc log
   shift
   echo "=== $name ==="
-  (cd "$root" && "$@")
-  rc=$?
+  log=$(mktemp)
+  (cd "$root" && "$@") 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
   timings+=("$(printf '%5d s  %s (exit %d)' $((SECONDS - start)) "$name" "$rc")")
   echo "=== $name: exit status $rc ==="
   if [ "$rc" -eq 0 ]; then
     ran=1
   elif [ "$rc" -ne 5 ] || [ "$selecting" -eq 0 ]; then
     status=1
+    failures+=("--- $name (exit $rc)")
+    mapfile -t -O "${#failures[@]}" failures < <(sed 's/\x1b\[[0-9;]*m//g' "$log" \
+      | grep -E '^(FAILED|ERROR) |FAILED|Timeout|timed out' | grep -v PASSED | head -n 40)
   fi
+  rm -f "$log"
 }
 
 # bootstrap NAME: tools/bootstrap.sh NAME, timed (listed with the passes); sets $venv.
@@ -216,6 +223,10 @@ case " $versions " in
     ;;
 esac
 [ "$ran" -eq 1 ] || { echo "=== no pass selected anything ===" >&2; status=1; }
+if [ "${#failures[@]}" -gt 0 ]; then
+  echo "=== what failed (each failed pass's summary lines; the pass's output above) ==="
+  printf '%s\n' "${failures[@]}"
+fi
 echo "=== time of each pass ==="
 printf '%s\n' "${timings[@]}"
 echo "$((SECONDS - start_all)) s in all"
