@@ -98,7 +98,7 @@ run() {
     status=1
     failures+=("--- $name (exit $rc)")
     mapfile -t -O "${#failures[@]}" failures < <(sed 's/\x1b\[[0-9;]*m//g' "$log" \
-      | grep -E '^(FAILED|ERROR) |FAILED|Timeout|timed out' | grep -v PASSED | head -n 40)
+      | grep -E '^ERROR |FAILED|Timeout|timed out' | grep -v PASSED | head -n 40)
   fi
   rm -f "$log"
 }
