@@ -26,8 +26,13 @@ promise; with any other MPI, the staged path again.
   layers      all_sum_reduce, nn.AllSumReduce, all_reduce: forward + backward vs CPU
   gradsync    GradientSync on a CUDA MLP against a CPU reference run
   gradsync_broadcast  GradientSync's broadcast of rank 0's CUDA parameters (2 ranks, staged)
+  movement    broadcast_, reduce_, allgather, reduce_scatter, alltoall (equal and uneven),
+              gather, scatter, send/recv, blocking and started: bit for bit the CPU path's
+              result, small and pipelined in chunks; x written behind a long kernel on a
+              side stream is what moves, and a kernel queued after the call sees the result
 
-Both paths run matrix, ordering, visible, layers and gradsync; the others run staged.
+Both paths run matrix, ordering, visible, layers, gradsync and movement; the others
+run staged.
 """
 
 from __future__ import annotations
@@ -745,6 +750,154 @@ def test_gradient_sync(checks, gpu_path, dtype, bucket_mb):
     """GradientSync on a CUDA MLP against a CPU reference run: one bucket, and many tiny
     ones in flight together."""
     gradsync_case(checks, dtype, bucket_mb)
+
+
+# --- g. the data-movement collectives ------------------------------------------------------
+
+MOVEMENT = ("broadcast_", "reduce_", "allgather", "allgather counts", "reduce_scatter",
+            "reduce_scatter counts", "alltoall", "alltoall counts", "gather", "scatter",
+            "send/recv")
+SENTINEL = -7.0  # what an output holds before the call
+
+
+def uneven(k: int) -> list[int]:
+    """Elements per rank of the uneven calls, some 0 (from 3 ranks)."""
+    return [k * ((r + 1) % 3) // 2 for r in range(p)]
+
+
+def pair(i: int, j: int, k: int) -> int:
+    """Elements rank i sends rank j in the uneven all-to-all (some 0)."""
+    return k * ((i + 2 * j) % 3) // 2
+
+
+def move(name: str, x: torch.Tensor, k: int, nonblocking: bool) -> torch.Tensor:
+    """Collective `name` on this rank's x (CPU or CUDA; parts of k elements), blocking or
+    started and waited for; returns what it wrote (a rank that receives nothing: empty)."""
+    def out(n: int) -> torch.Tensor:
+        return torch.full((n,), SENTINEL, device=x.device)
+
+    def run(call, *args, **kw):
+        request = getattr(fastreduce, "i" + call)(*args, **kw) if nonblocking else None
+        return request.wait() if request is not None else getattr(fastreduce, call)(*args,
+                                                                                     **kw)
+
+    if name == "broadcast_":
+        y = x[:k].clone()
+        run("broadcast_", y, p - 1)
+        return y
+    if name == "reduce_":
+        y = x[:k].clone()
+        run("reduce_", y, "sum", 0)
+        return y
+    if name == "allgather":
+        y = out(p * k)
+        run("allgather", x[:k], out=y)
+        return y
+    if name == "allgather counts":
+        counts = uneven(k)
+        y = out(sum(counts))
+        run("allgather", x[:counts[rank]], out=y, counts=counts)
+        return y
+    if name == "reduce_scatter":
+        y = out(k)
+        run("reduce_scatter", x[:p * k], "sum", out=y)
+        return y
+    if name == "reduce_scatter counts":
+        counts = uneven(k)
+        y = out(counts[rank])
+        run("reduce_scatter", x[:sum(counts)], "sum", out=y, counts=counts)
+        return y
+    if name == "alltoall":
+        y = out(p * k)
+        run("alltoall", x[:p * k], out=y)
+        return y
+    if name == "alltoall counts":
+        send = [pair(rank, j, k) for j in range(p)]
+        recv = [pair(j, rank, k) for j in range(p)]
+        y = out(sum(recv))
+        run("alltoall", x[:sum(send)], out=y, send_counts=send, recv_counts=recv)
+        return y
+    if name == "gather":
+        y = out(p * k) if rank == 0 else out(0)
+        run("gather", x[:k], 0, out=y if rank == 0 else None)
+        return y
+    if name == "scatter":
+        y = out(k)
+        run("scatter", x[:p * k] if rank == 0 else None, 0, out=y)
+        return y
+    # send/recv: a ring, the odd ranks receiving first
+    y, dest, source = out(k), (rank + 1) % p, (rank - 1) % p
+    if nonblocking:
+        received = fastreduce.irecv(y, source, 30 + source)
+        fastreduce.isend(x[:k], dest, 30 + rank).wait()
+        received.wait()
+        return y
+    if rank % 2:
+        fastreduce.recv(y, source, 30 + source)
+    fastreduce.send(x[:k], dest, 30 + rank)
+    if rank % 2 == 0:
+        fastreduce.recv(y, source, 30 + source)
+    return y
+
+
+def movement_input(k: int, case) -> torch.Tensor:
+    """This rank's float32 input on the CPU: 3p parts of k small integers (exact sums)."""
+    g = torch.Generator()
+    g.manual_seed(seed_of(case, rank))
+    return torch.randint(-50, 50, (3 * p * k,), generator=g).float()
+
+
+def check_movement(checks, what: str, k: int, nonblocking: bool) -> None:
+    """Every movement collective on CUDA memory: bit for bit what fastreduce's CPU path
+    gives for the same inputs (tests/mpi/test_movement.py checks that path against numpy),
+    the output's sentinel overwritten where the call writes, x left alone."""
+    for name in MOVEMENT:
+        case = f"{what}: {name}{' (started, waited for)' if nonblocking else ''} of {k}"
+        x = movement_input(k, case)
+        xd = x.to(DEV)
+        want = move(name, x, k, nonblocking)
+        got = move(name, xd, k, nonblocking)
+        torch.cuda.synchronize()
+        check_same(checks, got.device == DEV and torch.equal(got.cpu(), want), case,
+                   got, want)
+        check_same(checks, torch.equal(xd.cpu(), x), f"{case}: x changed", xd, x)
+
+
+@BOTH_PATHS
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "started"])
+def test_movement(checks, gpu_path, nonblocking):
+    """broadcast_, reduce_, allgather, reduce_scatter, alltoall (equal and uneven), gather,
+    scatter and send/recv on CUDA tensors against the CPU path: small, and pipelined in
+    64 KiB chunks (parts of 256 KiB + 20 bytes)."""
+    check_movement(checks, "movement", 1001, nonblocking)
+    old = frcuda.set_staging_chunk(64 << 10)
+    try:
+        check_movement(checks, "movement chunked", (256 << 10) // 4 + 5, nonblocking)
+    finally:
+        frcuda.set_staging_chunk(old)
+
+
+@BOTH_PATHS
+def test_movement_ordering(checks, gpu_path):
+    """x written on a side stream behind a ~100 ms kernel is what moves; a kernel queued on
+    that stream right after the call sees what arrived."""
+    cycles = sleep_cycles()
+    k = (1 << 20) // 4 + 3  # pipelined at the default chunk
+    for name in MOVEMENT:
+        case = f"movement ordering: {name} of {k}"
+        x = movement_input(k, case)
+        want = move(name, x, k, False)
+        xd = torch.zeros_like(x, device=DEV)
+        s = torch.cuda.Stream()
+        torch.cuda.synchronize()
+        WORLD.Barrier()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(cycles)
+            xd.copy_(x.pin_memory(), non_blocking=True)
+            got = move(name, xd, k, False) * 1  # queued on s the moment the call returned
+        s.synchronize()
+        torch.cuda.synchronize()
+        check_same(checks, torch.equal(got.cpu(), want), case, got, want)
 
 
 @pytest.mark.mpi(ranks=2)

@@ -14,5 +14,6 @@ pip=(python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$kit/whee
 "${pip[@]}" --python-version 3.12 --platform manylinux2014_x86_64 "mpi4py==4.1.2"
 "${pip[@]}" --python-version 3.12 --platform manylinux2014_x86_64 cython ninja
 "${pip[@]}" meson packaging pytest pytest-timeout pluggy iniconfig
-cp "$root/tools/gpu/build.sh" "$root/tools/gpu/check.sh" "$root/tools/gpu/train.sh" "$kit/"
+cp "$root/tools/gpu/build.sh" "$root/tools/gpu/check.sh" "$root/tools/gpu/train.sh" \
+   "$root/tools/gpu/measure.sh" "$kit/"
 echo "$kit"
