@@ -13,11 +13,13 @@ MPI need not be CUDA-aware. float32, sum, root rank 0; sizes in nccl-tests' conv
   A  fastreduce  fastreduce's call on the CUDA tensors (allreduce_, broadcast_, reduce_,
                  allgather, reduce_scatter, alltoall, gather, scatter; out= given), then
                  torch.cuda.synchronize()
-  B  by hand     what a user writes without fastreduce: the bytes this rank sends copied
-                 to pinned host memory (host.copy_(dev), which waits), the same MPI call
-                 from mpi4py on the pinned buffers, what it received copied back
-                 (dev.copy_(host, non_blocking=True)), torch.cuda.synchronize()
-  mpi            the MPI call alone on the pinned buffers, in a C loop (bench/floor.c)
+  B  by hand     what a user writes without fastreduce (fastreduce-bench's mpi4py column
+                 with --device cuda, tools/benchmark/collectives.py's staged_by_hand): the
+                 bytes this rank sends copied to pinned host memory (host.copy_(dev), which
+                 waits), the same MPI call from mpi4py on the pinned buffers, what it
+                 received copied back (dev.copy_(host, non_blocking=True)), the stream
+                 synchronised
+  mpi            the MPI call alone on host buffers, in a C loop (bench/floor.c)
 
 Each time is the average over ranks of the benchmark tool's timed loop (warm-up, barrier,
 timed calls, device synchronised); each repeat times the three in an order that rotates;
@@ -37,7 +39,6 @@ import platform
 import statistics
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from mpi4py import MPI
 
@@ -45,17 +46,6 @@ HERE = Path(__file__).resolve().parent
 NAMES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
          "gather", "scatter")
 OP = "sum"
-
-
-def by_hand_sides(name: str, rank: int, root: int) -> tuple[bool, str | None]:
-    """(does this rank copy x to the host first, which buffer it copies back: "x", "out"
-    or None) for the by-hand column: only what the rank sends, only what it receives."""
-    is_root = rank == root
-    sends = {"broadcast": is_root, "scatter": is_root}.get(name, True)
-    receives = {"allreduce": "x", "broadcast": None if is_root else "x",
-                "reduce": "x" if is_root else None, "gather": "out" if is_root else None
-                }.get(name, "out")
-    return sends, receives
 
 
 def main() -> int:
@@ -94,53 +84,28 @@ def main() -> int:
     comm = fastreduce.default_comm()
     p, rank = comm.Get_size(), comm.Get_rank()
     if args.host_check:
-        device, pin, sync = torch.device("cpu"), (lambda t: t), (lambda: None)
+        device, sync = torch.device("cpu"), (lambda: None)
     else:
         torch.cuda.set_device(fastreduce.local_rank() % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-        pin, sync = (lambda t: t.pin_memory()), torch.cuda.synchronize
+        sync = torch.cuda.synchronize
         fastreduce.set_cuda_aware(False)  # the staged path, whatever the MPI
         fastreduce.allreduce_(torch.zeros(1, device=device))  # loads the CUDA runtime
     timed_device = "cpu" if args.host_check else "cuda"
     lib = floor.load(MPI.COMM_WORLD)
-    root = collectives.ROOT
-
-    def host_twin(case):
-        """Pinned host buffers shaped as the case's, and numpy views of them."""
-        hx = None if case.x is None else pin(torch.zeros_like(case.x, device="cpu"))
-        hout = None if case.out is None else pin(torch.zeros_like(case.out, device="cpu"))
-        view = SimpleNamespace(name=case.name, rank=rank, p=p, dtype="float32",
-                               count=case.count, x=None if hx is None else hx.numpy(),
-                               out=None if hout is None else hout.numpy())
-        return hx, hout, view
-
-    def by_hand(case, hx, hout, mpi_call):
-        sends, receives = by_hand_sides(case.name, rank, root)
-
-        def call():
-            if sends:
-                hx.copy_(case.x)  # into pinned memory: waits for the copy
-            mpi_call()
-            if receives == "x":
-                case.x.copy_(hx, non_blocking=True)
-            elif receives == "out":
-                case.out.copy_(hout, non_blocking=True)
-            sync()
-        return call
 
     def measure(name: str, nbytes: int, count: int) -> dict:
         case = collectives.Case(name, "torch", "float32", count, comm, device)
-        hx, hout, view = host_twin(case)
         fr = collectives.fastreduce_call(case, OP, comm)
         iters = 2 if args.host_check else max(5, min(50, (256 << 20) // nbytes))
         warmup = 1 if args.host_check else 2
-        c_loop = collectives.c_timer(lib, view, OP, comm)
+        by_hand = collectives.staged_by_hand(name, "float32", count, OP, comm, device)
+        c_loop = collectives.c_timer(lib, collectives.numpy_case(name, "float32", count, comm),
+                                     OP, comm)
         timers = {
             "A fastreduce": lambda: _time(comm, lambda: (fr(), sync()), iters, warmup,
                                           timed_device),
-            "B by hand": lambda: _time(comm, by_hand(case, hx, hout,
-                                                     collectives.mpi4py_call(view, OP, comm)),
-                                       iters, warmup, timed_device),
+            "B by hand": lambda: _time(comm, by_hand, iters, warmup, timed_device),
             "mpi": lambda: c_loop(warmup, iters),
         }
         samples: dict[str, list[float]] = {k: [] for k in timers}
@@ -181,7 +146,7 @@ def main() -> int:
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "gpu": "none (--host-check)" if args.host_check else torch.cuda.get_device_name(),
         "fastreduce": fastreduce.__version__, "dtype": "float32", "op": OP,
-        "root": root, "repeat": args.repeat,
+        "root": collectives.ROOT, "repeat": args.repeat,
     }
     if rank == 0:
         print_table(meta, rows, p)

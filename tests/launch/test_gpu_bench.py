@@ -1,5 +1,6 @@
 """The GPU benchmarks, launched on 2 ranks sharing the GPUs: fastreduce-bench's GPU path
-modes and bench/train_step_bench.py on CUDA.
+modes, every collective of fastreduce-bench -c on CUDA, and bench/train_step_bench.py on
+CUDA.
 
 Needs torch with CUDA and a GPU; skipped otherwise. Run only these with
 `python -m pytest -m gpu`.
@@ -51,6 +52,22 @@ def test_bench_times_every_gpu_path_mode():
     rows = [line.split() for line in out.splitlines() if re.match(r"^ +\d+ +\d+ ", line)]
     assert len(rows) == 6 and all(r[9] == "0" for r in rows), out
     assert all(r[10] in ("direct", "staged") and r[14] == "staged" for r in rows), out
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce", "allgather", "reduce_scatter",
+                                        "alltoall", "gather", "scatter"])
+def test_bench_times_every_collective_on_the_gpu(collective):
+    """fastreduce-bench -c COLLECTIVE --device cuda --gpu-paths auto,staged: a row per size
+    with the path taken, no wrong element, the by-hand staged column beside it."""
+    require_cuda()
+    rc, out = run_mpi(2, sys.executable, "-m", "fastreduce.bench", "-c", collective,
+                      "--device", "cuda", "--gpu-paths", "auto,staged", "-b", "4",
+                      "-e", "4M", "-f", "64", timeout=TIMEOUT)
+    assert rc == 0, out
+    rows = [line.split() for line in out.splitlines() if re.match(r"^ +\d+ +\d+ ", line)]
+    assert len(rows) == 4 and all(r[9] == "0" for r in rows), out
+    assert all(r[10] in ("direct", "staged") and r[12] == "staged" for r in rows), out
+    assert "mpi4py(us)" in out, out
 
 
 def test_train_step_bench_on_the_gpu():

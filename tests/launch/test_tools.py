@@ -107,7 +107,10 @@ def _torch_has_cuda() -> bool:
     (["--progress", "--no-progress"], "not allowed with argument"),
     (["-c", "allgatherx"], "argument -c/--collective: invalid choice: 'allgatherx'"),
     (["-c", "allgather", "-o", "max"], "-c allgather does not reduce"),
+    (["-c", "gather", "--out-of-place"], "--out-of-place is for -c allreduce only"),
     pytest.param(["--device", "cuda"], "torch.cuda.is_available() is False",
+                 marks=pytest.mark.skipif(_torch_has_cuda(), reason="this machine has a GPU")),
+    pytest.param(["-c", "scatter", "--device", "cuda"], "torch.cuda.is_available() is False",
                  marks=pytest.mark.skipif(_torch_has_cuda(), reason="this machine has a GPU")),
 ])
 def test_usage_errors_exit_every_rank(options, message):
@@ -212,6 +215,39 @@ def test_collective_sizes_follow_nccl_tests():
     assert factors == {"allreduce": 1.5, "allgather": 0.75, "reduce_scatter": 0.75,
                        "broadcast": 1.0, "alltoall": 0.75, "reduce": 1.0, "gather": 0.75,
                        "scatter": 0.75}
+
+
+def test_staged_by_hand_copies_only_what_a_rank_sends_and_receives():
+    """The by-hand GPU column (--device cuda's mpi4py): the root of a broadcast or scatter
+    alone copies x out; a receiving rank alone copies back, into x or out."""
+    from fastreduce.tools.benchmark.collectives import ROOT, by_hand_sides
+
+    other = ROOT + 1
+    want = {  # name: (root's, another rank's)
+        "allreduce": ((True, "x"), (True, "x")),
+        "broadcast": ((True, None), (False, "x")),
+        "reduce": ((True, "x"), (True, None)),
+        "allgather": ((True, "out"), (True, "out")),
+        "reduce_scatter": ((True, "out"), (True, "out")),
+        "alltoall": ((True, "out"), (True, "out")),
+        "gather": ((True, "out"), (True, None)),
+        "scatter": ((True, "out"), (False, "out")),
+    }
+    assert {n: (by_hand_sides(n, ROOT), by_hand_sides(n, other)) for n in want} == want
+
+
+def test_gpu_movement_bench_host_check():
+    """bench/gpu_movement_bench.py --host-check (no GPU): every collective timed in its three
+    columns and checked, the table printed."""
+    script = str(Path(__file__).resolve().parents[2] / "bench" / "gpu_movement_bench.py")
+    rc, out = run_mpi(3, sys.executable, script, "--host-check", "--sizes", "4K",
+                      "--repeat", "1", timeout=120)
+    assert rc == 0, out
+    rows = re.findall(r"^\| (\w+) \| [\d.]+ KiB \|.* \| (\d+) \|$", out, re.M)
+    assert [name for name, _ in rows] == ["allreduce", "broadcast", "reduce", "allgather",
+                                          "reduce_scatter", "alltoall", "gather",
+                                          "scatter"], out
+    assert all(wrong == "0" for _, wrong in rows), out
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])

@@ -162,8 +162,9 @@ def check_args(args, world_size: int):
     if args.device != "cuda" and modes:
         raise UsageError("--gpu-paths needs --device cuda")
     args.gpu_modes = modes or [None]  # None: the mode in force
-    if args.peers is None:
-        args.peers = "" if args.collective == "allreduce" else ",".join(DEFAULT_COLLECTIVE_PEERS)
+    if args.peers is None:  # on a GPU, mpi4py is the same call staged by hand
+        args.peers = ("" if args.collective == "allreduce" else "mpi4py" if args.device == "cuda"
+                      else ",".join(DEFAULT_COLLECTIVE_PEERS))
         args.peers_given = False
     else:
         args.peers_given = True
@@ -199,12 +200,10 @@ def _check_collective(args, coll) -> None:
         raise UsageError(f"-o/--op: -c {args.collective} does not reduce (the op is for "
                          f"allreduce, reduce_scatter and reduce)")
     for given, option in ((args.out_of_place, "--out-of-place"),
-                          (args.nonblocking, "--nonblocking"),
-                          (args.device != "cpu", "--device cuda"),
-                          (bool(args.gpu_paths), "--gpu-paths")):
+                          (args.nonblocking, "--nonblocking")):
         if given:
             raise UsageError(f"{option} is for -c allreduce only (-c {args.collective} "
-                             f"times the blocking call on host memory)")
+                             f"times the blocking call, out= given)")
 
 
 def _load_floor(args, world, peers: list[str]):

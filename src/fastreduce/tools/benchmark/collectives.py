@@ -1,7 +1,7 @@
 """The collectives `fastreduce-bench -c` times (and bench/collectives_bench.py): for each,
 nccl-tests' size convention and bus-bandwidth factor, the buffers of one size, and the call
-of each column on them (fastreduce, mpi4py, the C floor, torch.distributed), and the
-correctness check of fastreduce's call.
+of each column on them (fastreduce, mpi4py, the C floor, torch.distributed; on a GPU,
+the same MPI call staged by hand), and the correctness check of fastreduce's call.
 
 Sizes follow nccl-tests (src/<collective>.cu, GetCollByteCount and GetBw) exactly: the
 size is the larger of a rank's send and receive buffers, i.e. the whole buffer for the
@@ -15,6 +15,7 @@ algbw = size / time and busbw = algbw * the collective's factor.
 
 from __future__ import annotations
 
+import copy
 import textwrap
 import warnings
 from typing import NamedTuple
@@ -85,7 +86,9 @@ def help_text() -> str:
         "Parts are whole 16-byte units, as nccl-tests rounds them, but at least one (where "
         "nccl-tests would time 0 bytes). The root is rank 0. Besides allreduce, -c times "
         "fastreduce's call with out= given (broadcast and reduce: in place), and by default "
-        "the C floor and mpi4py beside it (--peers c,mpi4py).")
+        "the C floor and mpi4py beside it (--peers c,mpi4py); with --device cuda, mpi4py's "
+        "column is the same MPI call staged by hand: what the rank sends copied to pinned "
+        "memory, mpi4py on it, what it receives copied back (--peers mpi4py).")
     return "\n".join(lines)
 
 
@@ -188,6 +191,55 @@ def mpi4py_call(case: Case, op: str | None, comm):
     return lambda: comm.Scatter(x, out, ROOT)
 
 
+def by_hand_sides(name: str, rank: int) -> tuple[bool, str | None]:
+    """Of the by-hand staged call on a GPU: (does this rank copy x to host memory first,
+    which buffer it copies back: "x", "out" or None): only what it sends, only what it
+    receives."""
+    root = rank == ROOT
+    sends = {"broadcast": root, "scatter": root}.get(name, True)
+    receives = {"allreduce": "x", "broadcast": None if root else "x",
+                "reduce": "x" if root else None, "gather": "out" if root else None,
+                }.get(name, "out")
+    return sends, receives
+
+
+def staged_by_hand(name: str, dtype: str, count: int, op: str | None, comm, device):
+    """What a user writes without fastreduce on CUDA tensors: what this rank sends copied
+    to pinned host memory (which waits), the same MPI call from mpi4py on the pinned
+    buffers, what it receives copied back on the stream, the stream synchronised before the
+    host buffers are used again; a function of no arguments, on buffers of its own (float32
+    standing in for bfloat16, as on the host)."""
+    import torch  # optional and heavy: loaded only when used
+
+    dev = Case(name, "torch", "float32" if dtype == "bfloat16" else dtype, count, comm,
+               device)
+    on_gpu = torch.device(device).type == "cuda"  # else a check of the steps on the CPU
+    host = copy.copy(dev)
+    host.kind = "numpy"
+    pinned = {}
+    for side in ("x", "out"):
+        buf = getattr(dev, side)
+        if buf is not None:
+            pinned[side] = torch.zeros_like(buf, device="cpu")
+            if on_gpu:
+                pinned[side] = pinned[side].pin_memory()
+            setattr(host, side, pinned[side].numpy())
+    mpi_call = mpi4py_call(host, op, comm)
+    sends, receives = by_hand_sides(name, dev.rank)
+    back = None if receives is None else (getattr(dev, receives), pinned[receives])
+    sync = torch.cuda.current_stream(device).synchronize if on_gpu else (lambda: None)
+
+    def call():
+        if sends:
+            pinned["x"].copy_(dev.x)
+        mpi_call()
+        if back is not None:
+            back[0].copy_(back[1], non_blocking=True)
+            sync()
+
+    return call
+
+
 def mpi_datatype(dtype: str, reduces: bool):
     """(MPI datatype, elements per numpy element) of a numpy dtype: its own where mpi4py
     knows one; else, for data movement, bytes. None where a reduction has no type."""
@@ -227,7 +279,8 @@ def c_timer(floor, case: Case, op: str | None, comm):
     }
     call = calls[name]
 
-    def timed(warmup: int, iters: int) -> float:
+    def timed(warmup: int, iters: int, _buffers=(x, out)) -> float:
+        # _buffers: the arrays whose addresses C is given live as long as this function
         t = call(warmup, iters)
         if t < 0:
             raise MPI.Exception(int(-t))

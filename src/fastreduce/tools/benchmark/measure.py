@@ -74,18 +74,27 @@ def _measure(args, comm, count: int, nbytes: int, p: int, peers, gloo,
 def _measure_collective(args, comm, count: int, nbytes: int, p: int, peers, gloo,
                         step=lambda what: None, floor=None) -> dict:
     """One row of a collective other than the all-reduce (-c): count and nbytes as
-    collectives.rows_for gives them (nccl-tests' count and size); the same fields as
-    _measure's rows."""
-    case = collectives.Case(args.collective, args.buffers, args.dtype, count, comm)
+    collectives.rows_for gives them (nccl-tests' count and size); on a GPU timed in each
+    path mode; the same fields as _measure's rows."""
+    case = collectives.Case(args.collective, args.buffers, args.dtype, count, comm,
+                            args.device)
     iters, warmup = _iterations(args, nbytes)
-    step("fastreduce")
-    times = _time_mode(args, comm, collectives.fastreduce_call(case, args.op, comm), iters,
-                       warmup, None)["times"]
+    call = collectives.fastreduce_call(case, args.op, comm)
+    modes = {}
+    for mode in (args.gpu_modes if args.device == "cuda" else [None]):
+        step(f"fastreduce ({mode})" if mode and len(args.gpu_modes) > 1 else "fastreduce")
+        modes[mode] = _time_mode(args, comm, call, iters, warmup, mode)
+    main = modes[args.gpu_modes[0] if args.device == "cuda" else None]
+    times = main["times"]
     avg = sum(times) / len(times)
     row = {"bytes": nbytes, "count": count, "avg_us": avg * 1e6, "min_us": min(times) * 1e6,
            "max_us": max(times) * 1e6, "algbw": nbytes / avg / 1e9,
            "busbw": nbytes / avg / 1e9 * collectives.bus_factor(args.collective, p),
            "peers": {}}
+    if args.device == "cuda":
+        row["path"] = main["path"]
+        row["modes"] = {m: {"avg_us": sum(v["times"]) / len(v["times"]) * 1e6,
+                            "path": v["path"]} for m, v in modes.items()}
     step("checking")
     row["wrong"] = comm.allreduce(collectives.check(case, args.op, comm, args.inject_wrong))
     del case  # its memory back before the peers allocate theirs

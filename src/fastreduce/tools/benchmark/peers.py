@@ -116,15 +116,22 @@ def _time_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
 def _time_collective_peer(name: str, args, comm, count: int, iters: int, warmup: int, gloo,
                           floor) -> float:
     """Seconds per call of one peer of a collective other than the all-reduce (-c), on
-    buffers of its own, averaged over the ranks: the C floor and mpi4py on numpy arrays,
+    buffers of its own, averaged over the ranks: the C floor and mpi4py on numpy arrays
+    (--device cuda: mpi4py on pinned copies of the CUDA tensors, staged by hand),
     torch.distributed on tensors."""
     if name == "c":
         case = collectives.numpy_case(args.collective, args.dtype, count, comm)
         t = collectives.c_timer(floor, case, args.op, comm)(warmup, iters)
+    elif name == "mpi4py" and args.device == "cuda":  # staged by hand
+        call = collectives.staged_by_hand(args.collective, args.dtype, count, args.op, comm,
+                                          args.device)
+        t = _time(comm, call, iters, warmup, args.device)
     elif name == "mpi4py":
         case = collectives.numpy_case(args.collective, args.dtype, count, comm)
         t = _time(comm, collectives.mpi4py_call(case, args.op, comm), iters, warmup)
     else:
-        case = collectives.Case(args.collective, "torch", args.dtype, count, comm)
-        t = _time(comm, collectives.torch_call(case, args.op, gloo[name]), iters, warmup)
+        case = collectives.Case(args.collective, "torch", args.dtype, count, comm,
+                                args.device)
+        t = _time(comm, collectives.torch_call(case, args.op, gloo[name]), iters, warmup,
+                  args.device)
     return comm.allreduce(t) / comm.Get_size()
