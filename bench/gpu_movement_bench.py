@@ -2,6 +2,7 @@
 by hand, in one MPI job.
 
     mpiexec -n 2 python bench/gpu_movement_bench.py [--sizes 1M,4M,16M,64M] [--repeat 3]
+                                                    [--staging-chunk 0]
     mpiexec -n 2 python bench/gpu_movement_bench.py --host-check   (no GPU: a check that
                                                                     it runs; times mean nothing)
 
@@ -54,6 +55,9 @@ def main() -> int:
     parser.add_argument("-c", "--collectives", default=",".join(NAMES),
                         help=f"comma-separated, of {', '.join(NAMES)}")
     parser.add_argument("--repeat", type=int, default=3, help="repeats; medians reported")
+    parser.add_argument("--staging-chunk", default="0",
+                        help="a fixed chunk for the staged pipeline (set_staging_chunk; 0: "
+                             "fastreduce's plan; at least the message: staged whole)")
     parser.add_argument("--json", help="write every number to this file (rank 0)")
     parser.add_argument("--host-check", action="store_true",
                         help="without a GPU: CPU tensors and pageable host buffers, 2 timed "
@@ -92,6 +96,8 @@ def main() -> int:
         fastreduce.set_cuda_aware(False)  # the staged path, whatever the MPI
         fastreduce.allreduce_(torch.zeros(1, device=device))  # loads the CUDA runtime
     timed_device = "cpu" if args.host_check else "cuda"
+    chunk = parse_size(args.staging_chunk)
+    frcuda.set_staging_chunk(chunk)
     lib = floor.load(MPI.COMM_WORLD)
 
     def measure(name: str, nbytes: int, count: int) -> dict:
@@ -147,6 +153,7 @@ def main() -> int:
         "gpu": "none (--host-check)" if args.host_check else torch.cuda.get_device_name(),
         "fastreduce": fastreduce.__version__, "dtype": "float32", "op": OP,
         "root": collectives.ROOT, "repeat": args.repeat,
+        "staging_chunk": chunk or "fastreduce's plan",
     }
     if rank == 0:
         print_table(meta, rows, p)
@@ -162,7 +169,8 @@ def print_table(meta: dict, rows: list[dict], p: int) -> None:
 
     print(f"Measured {meta['date']} on {meta['machine']}, {meta['ranks']} ranks, "
           f"{meta['gpu']}; {meta['mpi']}; torch {meta['torch']} (CUDA {meta['cuda']}); "
-          f"float32, sum, root 0, fastreduce's staged path. Time = average over ranks (us), "
+          f"float32, sum, root 0, fastreduce's staged path (staging chunk: "
+          f"{meta['staging_chunk']}). Time = average over ranks (us), "
           f"median of {meta['repeat']} repeats; A/B within each repeat, median.")
     print()
     print("| collective | size | A fastreduce (us) | B by hand (us) | A / B | mpi alone (us) "

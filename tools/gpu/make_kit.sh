@@ -5,7 +5,8 @@
 # Then, with the device tool: carry [".venv-gpukit"] and run `bash .venv-gpukit/check.sh`
 # (builds fastreduce there in about 20 s, runs tests/mpi/test_gpu.py on 2 and 4 ranks and
 # tests/launch/test_gpu_bench.py; logs in $OUT); `bash .venv-gpukit/train.sh` times the
-# data-parallel step there. docs/testing.md, "On a GPU".
+# data-parallel step there; `bash .venv-gpukit/measure.sh [PART ...]` measures and checks
+# every collective on CUDA tensors. docs/testing.md, "On a GPU".
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 kit=$root/.venv-gpukit
