@@ -107,9 +107,11 @@ class Case:
 
 
 CALLS = ["broadcast_", "reduce_-sum", "reduce_-max", "reduce_-avg", "allgather",
-         "allgather-in-place", "allgather-counts", "reduce_scatter-sum", "reduce_scatter-max",
-         "reduce_scatter-avg", "reduce_scatter-counts", "alltoall", "alltoall-counts", "gather",
-         "gather-in-place", "scatter", "scatter-in-place", "send-recv", "send-recv-any"]
+         "allgather-in-place", "allgather-counts", "allgather-equal-counts",
+         "reduce_scatter-sum", "reduce_scatter-max", "reduce_scatter-avg",
+         "reduce_scatter-counts", "reduce_scatter-equal-counts", "alltoall", "alltoall-counts",
+         "gather", "gather-in-place", "scatter", "scatter-in-place", "send-recv",
+         "send-recv-any"]
 
 
 def build(name: str, rank: int, size: int, salt: int) -> Case | None:
@@ -130,8 +132,10 @@ def build(name: str, rank: int, size: int, salt: int) -> Case | None:
                     "x" if is_root else None, want if is_root else None, "x",
                     [("D2H", N * ITEM)] + ([("H2D", N * ITEM)] if is_root else []),
                     kept=not is_root, staged_anyway=op == "avg")
-    if name == "allgather":
-        return Case(v(N, rank), blank(size * N), lambda x, out: fastreduce.allgather(x, out=out),
+    if name in ("allgather", "allgather-equal-counts"):  # equal counts: the same call
+        counts = [N] * size if name == "allgather-equal-counts" else None
+        return Case(v(N, rank), blank(size * N),
+                    lambda x, out: fastreduce.allgather(x, out=out, counts=counts),
                     "out", gathered, "out", [("D2H", N * ITEM), ("H2D", size * N * ITEM)],
                     kept=True)
     if name == "allgather-in-place":
@@ -148,8 +152,9 @@ def build(name: str, rank: int, size: int, salt: int) -> Case | None:
                     [("D2H", counts[rank] * ITEM), ("H2D", sum(counts) * ITEM)], kept=True)
     if name.startswith("reduce_scatter-"):
         op = name.partition("-")[2]
-        counts = ([100 + 50 * r for r in range(size)] if op == "counts" else None)
-        op = "sum" if op == "counts" else op
+        counts = ([100 + 50 * r for r in range(size)] if op == "counts" else
+                  [K] * size if op == "equal-counts" else None)
+        op = "sum" if op.endswith("counts") else op
         total = sum(counts) if counts else size * K
         full = reduced(np.stack([v(total, r) for r in range(size)]), op, size)
         start = sum(counts[:rank]) if counts else rank * K
@@ -497,6 +502,7 @@ PIPELINED = {
     "reduce_-avg": lambda root, p: (N, 1, 1, int(root)),
     "allgather": lambda root, p: (N, p, 1, p),
     "allgather-in-place": lambda root, p: (N, p, 1, p),
+    "allgather-equal-counts": lambda root, p: (N, p, 1, p),
     "gather": lambda root, p: (N, p, 1, p if root else 0),
     "gather-in-place": lambda root, p: (N, p, 1, p if root else 0),
     "scatter": lambda root, p: (K, p, p if root else 0, 1),
@@ -504,6 +510,7 @@ PIPELINED = {
     "reduce_scatter-sum": lambda root, p: (K, p, p, 1),
     "reduce_scatter-max": lambda root, p: (K, p, p, 1),
     "reduce_scatter-avg": lambda root, p: (K, p, p, 1),
+    "reduce_scatter-equal-counts": lambda root, p: (K, p, p, 1),
     "alltoall": lambda root, p: (K, p, p, p),
 }
 
@@ -512,7 +519,8 @@ def chunked_copies(name: str, rank: int, size: int) -> tuple[list, list] | None:
     """The bytes of each copy in and each copy out, in order, of `name` staged with CHUNK:
     chunk k of the call is bytes [k q, (k + 1) q) of every block, q = CHUNK / (blocks in the
     call) rounded down to 16 bytes, and each block's part is its own copy. None where one
-    chunk holds the call (staged whole) or the call is uneven or point-to-point."""
+    chunk holds the call (staged whole) or the call is uneven (counts that differ) or
+    point-to-point."""
     if name not in PIPELINED:
         return None
     elements, blocks, sent, back = PIPELINED[name](rank == size - 1, size)

@@ -574,7 +574,8 @@ def test_bad_input(comm, checks):
 # --- the staging planner's arithmetic ----------------------------------------------------------
 def test_staging_plan(staging_chunk, checks):
     """plan_staging's chunks: whole up to 512 KiB, multiples of 4096 between 256 KiB and
-    16 MiB covering the message exactly; a fixed chunk size; bad chunk sizes refused."""
+    16 MiB covering the message exactly; broadcast, allgather, gather and alltoall whole up
+    to 8 MiB; a fixed chunk size for every call; bad chunk sizes and calls refused."""
     check = checks.check
     check(_cuda.plan_staging(0) == (0, 0), "plan of nothing")
     for nbytes in (1, 16, 4096, 512 << 10):
@@ -589,9 +590,22 @@ def test_staging_plan(staging_chunk, checks):
         check((count - 1) * chunk < nbytes <= count * chunk, f"chunks cover {nbytes} exactly")
     for bad in (-16, 4097, 8):
         checks.expect(ValueError, ["multiple of 16"], lambda bad=bad: _cuda.set_staging_chunk(bad))
+    # data movement: the calls that only move bytes go whole up to 8 MiB, the others as
+    # the all-reduce
+    for call in ("broadcast", "allgather", "gather", "alltoall"):
+        for nbytes in (1 << 20, 8 << 20):
+            check(_cuda.plan_staging(nbytes, call) == (nbytes, 1), f"{call} of {nbytes} whole")
+        check(_cuda.plan_staging((8 << 20) + 16, call) == _cuda.plan_staging((8 << 20) + 16)
+              and _cuda.plan_staging(64 << 20, call) == (4 << 20, 16),
+              f"{call} above 8 MiB pipelined as the all-reduce")
+    for call in ("reduce", "reduce_scatter", "scatter"):
+        check(_cuda.plan_staging(1 << 20, call) == (512 << 10, 2), f"{call} of 1 MiB")
+    checks.expect(ValueError, ["call 'bcast'", "alltoall, broadcast"],
+                  lambda: _cuda.plan_staging(1 << 20, "bcast"))
     staging_chunk(4096)
     check(_cuda.plan_staging(10_000) == (4096, 3) and _cuda.plan_staging(100) == (100, 1),
           "fixed chunk size")
+    check(_cuda.plan_staging(10_000, "broadcast") == (4096, 3), "fixed chunk: every call")
 
 
 def test_runtime_info(checks):

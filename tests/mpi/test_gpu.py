@@ -882,8 +882,10 @@ def test_movement_ordering(checks, gpu_path):
     """x written on a side stream behind a ~100 ms kernel is what moves; a kernel queued on
     that stream right after the call sees what arrived."""
     cycles = sleep_cycles()
-    k = (1 << 20) // 4 + 3  # pipelined at the default chunk
-    for name in MOVEMENT:
+    # parts of 1 MiB: staged whole or pipelined as plan_staging says for each call; of
+    # 9 MiB: pipelined, every call of equal blocks
+    for name, k in [(name, k) for k in ((1 << 20) // 4 + 3, (9 << 20) // 4 + 3)
+                    for name in MOVEMENT]:
         case = f"movement ordering: {name} of {k}"
         x = movement_input(k, case)
         want = move(name, x, k, False)

@@ -265,8 +265,8 @@ ctypedef struct Pieces:
 
 cdef int _plan_pieces(Move* m, Pieces* p) except -1:
     """1 and p filled where m is staged in pipelined chunks; 0 where it is staged whole
-    (another kind of call, or one chunk would hold it: gpupaths.plan_staging's rule on
-    the bytes of one chunk's call, every block in it)."""
+    (another kind of call, or one chunk would hold it: gpupaths.plan_staging's rule for
+    the call on the bytes of every block together)."""
     cdef int rank = 0, size = 1, blocks
     cdef int64_t chunk, align
     if m.kind not in (MOVE_BCAST, MOVE_REDUCE, MOVE_ALLGATHER, MOVE_GATHER, MOVE_SCATTER,
@@ -279,7 +279,7 @@ cdef int _plan_pieces(Move* m, Pieces* p) except -1:
     blocks = 1 if m.kind == MOVE_BCAST or m.kind == MOVE_REDUCE else size
     if p.block == 0:
         return 0
-    chunk = chunk_bytes(p.block * blocks)
+    chunk = movement_chunk_bytes(p.block * blocks, p.reduces or m.kind == MOVE_SCATTER)
     if chunk >= p.block * blocks:
         return 0
     align = 16 if not p.reduces or 16 % m.unit_bytes == 0 else m.unit_bytes
@@ -696,10 +696,16 @@ cdef object _reduce(object x, op, root, comm, bint start):
                         _owner if view.lazy and rank == root else None, (x, _owner))
 
 
+cdef bint _all_equal(object counts):
+    """counts (as every rank gives them) are one count repeated: the call of equal parts
+    does the same work, and a staged one is pipelined (the v calls are staged whole)."""
+    return len({int(c) for c in counts}) == 1
+
+
 def allgather(x, *, comm=None, out=None, counts=None):
     """Every rank's x, in rank order, into out on every rank (MPI_Allgather; with `counts`,
-    each rank's element count, MPI_Allgatherv); x may be this rank's part of out (in
-    place). Returns out (new when None)."""
+    each rank's element count, MPI_Allgatherv, or MPI_Allgather where they are equal); x
+    may be this rank's part of out (in place). Returns out (new when None)."""
     return _allgather(x, comm, out, counts, False)
 
 
@@ -742,7 +748,7 @@ cdef object _allgather(object x, comm, out, counts, bint start):
     m.reads_recv_first = m.in_place
     m.writes_recv = True
     try:
-        if counts is None:  # (one rank's part is what one count must hold)
+        if counts is None or _all_equal(counts):  # (one rank's part is what one count holds)
             m.kind = MOVE_ALLGATHER
             _set_unit(&m, item, m.send_bytes, "allgather")
         else:
@@ -765,8 +771,8 @@ cdef object _allgather(object x, comm, out, counts, bint start):
 
 def reduce_scatter(x, op="sum", *, comm=None, out=None, counts=None):
     """Reduce x over comm and give rank r the r-th part into out (MPI_Reduce_scatter_block:
-    equal parts; with `counts`, each rank's element count, MPI_Reduce_scatter). Returns
-    out (new when None)."""
+    equal parts; with `counts`, each rank's element count, MPI_Reduce_scatter, or
+    MPI_Reduce_scatter_block where they are equal). Returns out (new when None)."""
     return _reduce_scatter(x, op, comm, out, counts, False)
 
 
@@ -813,7 +819,7 @@ cdef object _reduce_scatter(object x, op, comm, out, counts, bint start):
                             f"elements per rank is past what one MPI call takes here; split "
                             f"the tensor into parts and call once per part")
     try:
-        if counts is None:
+        if counts is None or _all_equal(counts):
             m.kind, m.count = MOVE_REDUCE_SCATTER_BLOCK, mine
         else:
             m.kind = MOVE_REDUCE_SCATTER

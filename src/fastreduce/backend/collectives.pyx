@@ -23,8 +23,8 @@ from .algochoice cimport plan_for
 from .buffer cimport BufferView, Resolved, acquire, check_same_layout, device_name, new_like
 from .cudart cimport (
     MEMCPY_D2H, MEMCPY_H2D, STAGING_SLOTS, Staging, check_not_capturing, chunk_bytes,
-    copy_async, cudaStream_t, event_record, event_sync, staging_give, staging_order,
-    staging_release, staging_take, stream_sync, stream_wait_event,
+    copy_async, cudaStream_t, event_record, event_sync, movement_chunk_bytes, staging_give,
+    staging_order, staging_release, staging_take, stream_sync, stream_wait_event,
 )
 from .dlpack cimport kDLCPU, kDLCUDA, kDLCUDAManaged
 from .dtypes cimport KIND_INT64, KIND_UINT8, NKINDS

@@ -35,6 +35,7 @@ cdef int use_device(int device) except -1 nogil
 cdef Staging* staging_take(int device_id, size_t nbytes) except NULL
 cdef void staging_give(Staging* ctx) noexcept
 cdef int64_t chunk_bytes(int64_t nbytes) noexcept nogil
+cdef int64_t movement_chunk_bytes(int64_t nbytes, bint pipelines_small) noexcept nogil
 
 cdef int copy_async(void* dst, const void* src, size_t nbytes, int kind,
                     cudaStream_t stream) except -1 nogil

@@ -38,6 +38,7 @@ cdef enum:
     CHUNK_MIN_BYTES = 256 << 10
     CHUNK_MAX_BYTES = 16 << 20
     CHUNK_ALIGN = 4096             # a multiple of every element size
+    MOVE_WHOLE_MAX_BYTES = 8 << 20  # broadcast, all-gather, gather, all-to-all: whole up to
 
 # The runtime's entry points; NULL until load_runtime() has succeeded.
 cdef int (*_GetDevice)(int*) noexcept nogil
@@ -421,12 +422,36 @@ cdef int64_t chunk_bytes(int64_t nbytes) noexcept nogil:
     return size // CHUNK_ALIGN * CHUNK_ALIGN
 
 
-def plan_staging(int64_t nbytes) -> tuple:
-    """(bytes per chunk, number of chunks) of a staged all-reduce of nbytes (a data-movement
-    call of equal blocks: nbytes of the whole call, each chunk a share of every block)."""
+cdef int64_t movement_chunk_bytes(int64_t nbytes, bint pipelines_small) noexcept nogil:
+    """Bytes per pipelined chunk of a staged data-movement call of equal blocks, nbytes of
+    every block together (nbytes: staged whole). As chunk_bytes, but a call that moves
+    bytes without reducing them (not `pipelines_small`: broadcast, all-gather, gather,
+    all-to-all) goes whole up to MOVE_WHOLE_MAX_BYTES: each chunk is one more MPI call over
+    every rank and a copy per block, and on an H200 with Open MPI 4.1.6 (2 and 4 ranks,
+    2026-11-29, docs/benchmarks.md) these calls were 2-20% slower pipelined than whole
+    from 1 to 4 MiB and 0-17% faster from 16 MiB. Reductions (reduce, reduce-scatter) and
+    scatter were faster pipelined from 4 MiB (smaller MPI calls of theirs cost less per
+    byte there) and keep chunk_bytes' plan. A fixed chunk (set_staging_chunk) applies to
+    every call."""
+    if _fixed_chunk <= 0 and not pipelines_small and nbytes <= MOVE_WHOLE_MAX_BYTES:
+        return nbytes
+    return chunk_bytes(nbytes)
+
+
+PIPELINES_SMALL = frozenset(("allreduce", "reduce", "reduce_scatter", "scatter"))
+MOVEMENT_CALLS = frozenset(("broadcast", "allgather", "gather", "alltoall")) | PIPELINES_SMALL
+
+
+def plan_staging(int64_t nbytes, str call="allreduce") -> tuple:
+    """(bytes per chunk, number of chunks) of a staged call of nbytes: the all-reduce, or
+    a data-movement call of equal blocks (nbytes of the whole call, each chunk a share of
+    every block): broadcast, reduce, allgather, gather, scatter, reduce_scatter, alltoall."""
     if nbytes < 0:
         raise ValueError("nbytes must be >= 0")
-    cdef int64_t size = chunk_bytes(nbytes)
+    if call not in MOVEMENT_CALLS:
+        raise ValueError(f"plan_staging: call {call!r}: give one of "
+                         f"{', '.join(sorted(MOVEMENT_CALLS))}")
+    cdef int64_t size = movement_chunk_bytes(nbytes, call in PIPELINES_SMALL)
     return size, (nbytes + size - 1) // size if size else 0
 
 
