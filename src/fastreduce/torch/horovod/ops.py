@@ -13,6 +13,7 @@ submitted them, their handle then complete.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -532,15 +533,16 @@ def _handle(name, comm, run, event, tensor) -> int:
 
 
 def _allgather_now(comm, tensor, rows_everywhere=None):
-    """The compiled core's uneven all-gather (MPI_Allgatherv) of tensor's rows (dim 0 may
-    differ across ranks), on the tensor's device; the output and every rank's rows."""
+    """The compiled core's all-gather of tensor's rows (dim 0 may differ across ranks:
+    MPI_Allgatherv; MPI_Allgather where it does not), on the tensor's device; the output
+    and every rank's rows."""
     rows = tensor.shape[0] if tensor.dim() else 1
     if rows_everywhere is None:
         everyone = np.empty(comm.Get_size(), np.int64)
         _core.allgather(np.array([rows], np.int64), comm=comm, out=everyone)
         rows_everywhere = everyone.tolist()
     counts = rows_everywhere
-    row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+    row = math.prod(tensor.shape[1:])
     trailing = tuple(tensor.shape[1:]) if tensor.dim() else ()
     out = None if row else torch.empty((sum(counts), *trailing), dtype=tensor.dtype,
                                        device=tensor.device)
@@ -762,13 +764,18 @@ def _alltoall_start(tensor, splits, name, process_set, blocking=False):
 
 
     def run(c):
-        received = np.empty(size, np.int64)
-        c.Alltoall(np.asarray(sends, np.int64), received)
-        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        # every rank's splits, so that all tell alike when every part is the same size
+        matrix = np.empty((size, size), np.int64)
+        c.Allgather(np.asarray(sends, np.int64), matrix)
+        received = matrix[:, c.Get_rank()].copy()
+        row = math.prod(tensor.shape[1:])
         out = None if row else torch.empty((int(received.sum()), *tensor.shape[1:]),
                                            dtype=tensor.dtype, device=tensor.device)
-        out = _core.alltoall(tensor, comm=c, out=out, send_counts=[s * row for s in sends],
-                             recv_counts=[int(r) * row for r in received])
+        if (matrix == matrix[0, 0]).all():  # MPI_Alltoall (pipelined when staged)
+            out = _core.alltoall(tensor, comm=c, out=out)
+        else:
+            out = _core.alltoall(tensor, comm=c, out=out, send_counts=[s * row for s in sends],
+                                 recv_counts=[int(r) * row for r in received])
         return out, torch.from_numpy(received.astype(np.int32))
 
     return _submit(comm, lambda: ("alltoall", str(tensor.dtype), tuple(tensor.shape[1:]),
@@ -828,7 +835,7 @@ def _reducescatter_start(tensor, name, op, prescale, postscale, process_set,
     def run(c):
         rows = tensor.shape[0]
         mine = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
-        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        row = math.prod(tensor.shape[1:])
         src = tensor if prescale == 1 else tensor.clone()  # the core only reads its input
         _scale_(src, prescale)
         out = None if row else torch.empty((mine[me], *tensor.shape[1:]),
