@@ -38,7 +38,7 @@ cdef enum:
     CHUNK_MIN_BYTES = 256 << 10
     CHUNK_MAX_BYTES = 16 << 20
     CHUNK_ALIGN = 4096             # a multiple of every element size
-    MOVE_WHOLE_MAX_BYTES = 8 << 20  # broadcast, all-gather, gather, all-to-all: whole up to
+    MOVE_WHOLE_MAX_BYTES = 8 << 20  # broadcast, all-gather, gather, all-to-all: whole to here
 
 # The runtime's entry points; NULL until load_runtime() has succeeded.
 cdef int (*_GetDevice)(int*) noexcept nogil
