@@ -27,6 +27,7 @@ from mpi4py import MPI
 
 import fastreduce
 import fastreduce.horovod as hvd
+from fastreduce._abi import first_line
 from fastreduce.tools.benchmark.timing import _iterations, _time
 
 SIZES = (64 << 10, 1 << 20, 16 << 20)
@@ -91,7 +92,7 @@ def main() -> int:
                          statistics.median(t_fr) * 1e6, statistics.median(ratios)))
     if comm.Get_rank() == 0:
         print(f"Measured {time.strftime('%Y-%m-%d')} on {platform.node()} "
-              f"({platform.machine()}), {p} ranks; {MPI.Get_library_version().splitlines()[0]}"
+              f"({platform.machine()}), {p} ranks; {first_line(MPI.Get_library_version())}"
               f"; torch {torch.__version__}; {args.device} tensors"
               f"{' (' + torch.cuda.get_device_name() + ')' if device != 'cpu' else ''}"
               f"; time = the ranks' mean (us), median of "
